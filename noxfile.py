@@ -1,0 +1,65 @@
+"""Sessions: one conformance-test session per backend (from backends/*/backend.toml), and lint.
+
+    nox                       # lint and the tests of every CPU backend
+    nox -s tests-torch        # one backend (torch also runs on CUDA when a GPU is present)
+    nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
+    nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import nox
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # nox depends on tomli for these Pythons
+    import tomli as tomllib
+
+ROOT = Path(__file__).parent
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+BACKENDS = {
+    data["name"]: data
+    for data in (tomllib.loads(path.read_text()) for path in sorted(ROOT.glob("backends/*/backend.toml")))
+}
+
+nox.options.default_venv_backend = "virtualenv"
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["lint", *(f"tests-{n}" for n, b in BACKENDS.items() if not b.get("gpu-only"))]
+
+
+def _has_nvidia_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None or Path("/dev/nvidia0").exists()
+
+
+def _tests(session: nox.Session, name: str) -> None:
+    backend = BACKENDS[name]
+    if backend.get("gpu-only") and not _has_nvidia_gpu():
+        session.skip(f"{name} needs an NVIDIA GPU and this machine has none (no nvidia-smi, no /dev/nvidia0)")
+    session.install(*nox.project.dependency_groups(PYPROJECT, "test"), *backend["install"])
+    session.install(".")
+    # Extra devices (torch-cuda) are requested too; the suite skips them, saying why, if absent.
+    ids = [name, *(f"{name}-{device}" for device in backend["devices"][1:])]
+    session.run("pytest", *(f"--backend={i}" for i in ids), *session.posargs)
+
+
+for _name in BACKENDS:
+
+    def _session(session: nox.Session, _name: str = _name) -> None:
+        _tests(session, _name)
+
+    _session.__doc__ = f"Conformance suite on {_name}."
+    nox.session(name=f"tests-{_name}")(_session)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (lint and format) and mypy --strict."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    session.install("-e", ".")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")

@@ -1,0 +1,30 @@
+"""anyrope: rotary position embeddings for every array library.
+
+One implementation, written against the Python array API standard, runs on the arrays you give
+it (NumPy, PyTorch, CuPy, MLX, any array-API library) and returns arrays of the same library,
+device and dtype. No array library is imported until an array of it arrives.
+"""
+
+from __future__ import annotations
+
+from . import reference
+from ._layout import LAYOUTS, permute_qk_weight, to_layout
+from ._rope import RoPE
+from ._rotate import apply
+from ._sinusoidal import sinusoidal
+from ._tables import TableCache, table_cache
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LAYOUTS",
+    "RoPE",
+    "TableCache",
+    "__version__",
+    "apply",
+    "permute_qk_weight",
+    "reference",
+    "sinusoidal",
+    "table_cache",
+    "to_layout",
+]

@@ -1,0 +1,257 @@
+"""The :class:`RoPE` object: a configuration plus cached tables, callable on q and k."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._compat import array_namespace, compute_dtype, device_of
+from ._layout import Layout, check_rotary_dim, normalize_layout
+from ._positions import as_index_array, is_array, plain_offset
+from ._rotate import check_input, normalize_seq_axis, rotate
+from ._tables import cache_key, cos_sin, default_inv_freq, table_cache
+
+__all__ = ["RoPE"]
+
+
+class _Frequencies:
+    """Hashable frequencies and table scale; the hash is computed once, as keys are built per call."""
+
+    __slots__ = ("_hash", "inv_freq", "scale")
+
+    def __init__(self, inv_freq: tuple[float, ...], scale: float) -> None:
+        self.inv_freq, self.scale = inv_freq, scale
+        self._hash = hash((inv_freq, scale))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Frequencies)
+            and self.inv_freq == other.inv_freq
+            and self.scale == other.scale
+        )
+
+
+class RoPE:
+    """Rotary position embedding for q and k arrays of any supported library.
+
+    Parameters
+    ----------
+    head_dim : int
+        Features per attention head (the last axis of q and k); positive and even.
+    base : float
+        The frequency base: pair i turns by ``base ** (-2i / rotary_dim)`` radians per position.
+    rotary_dim : int, optional
+        Rotate only the first ``rotary_dim`` features of each head (partial rotary, as in GPT-NeoX
+        and Phi); the rest pass through bit-identical. Even, at most ``head_dim``; defaults to it.
+    layout : str
+        "half" (pairs i, i + r/2: GPT-NeoX, Hugging Face) or "interleaved" (pairs 2i, 2i + 1:
+        RoFormer, GPT-J, Meta), or the aliases "neox", "hf", "gptj", "meta".
+    scaling : None
+        Long-context scaling; None is plain RoPE.
+    max_position : int, optional
+        The longest context expected; tables for it are built on first use.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import anyrope
+    >>> rope = anyrope.RoPE(8)
+    >>> q = np.ones((1, 2, 3, 8), dtype=np.float32)   # (batch, heads, seq, head_dim)
+    >>> q_rot, k_rot = rope(q, q)
+    >>> q_rot.shape, q_rot.dtype
+    ((1, 2, 3, 8), dtype('float32'))
+    >>> bool(np.all(rope(q, offset=2)[..., 0, :] == q_rot[..., 2, :]))
+    True
+    """
+
+    __slots__ = ("_base", "_freqs", "_head_dim", "_layout", "_max_position", "_rotary_dim", "_scaling")
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        layout: str = "half",
+        scaling: Any = None,
+        max_position: int | None = None,
+    ) -> None:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+            raise TypeError(f"head_dim must be an int, not {type(head_dim).__name__}")
+        if head_dim <= 0 or head_dim % 2:
+            raise ValueError(f"head_dim={head_dim} must be a positive even number (features rotate in pairs)")
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        check_rotary_dim(rotary_dim, head_dim)
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
+            raise ValueError(f"base={base!r} must be a positive finite number (10000.0 in most models)")
+        if max_position is not None and (
+            isinstance(max_position, bool) or not isinstance(max_position, int) or max_position <= 0
+        ):
+            raise ValueError(f"max_position={max_position!r} must be a positive int or None")
+        if scaling is not None:
+            raise ValueError(
+                f"scaling={scaling!r} is not supported by this version of anyrope; pass scaling=None "
+                "for plain RoPE"
+            )
+        self._head_dim = head_dim
+        self._rotary_dim = rotary_dim
+        self._base = float(base)
+        self._layout: Layout = normalize_layout(layout)
+        self._scaling = scaling
+        self._max_position = max_position
+        self._freqs = _Frequencies(default_inv_freq(rotary_dim, self._base), 1.0)
+
+    head_dim = property(lambda self: self._head_dim, doc="Features per head.")
+    rotary_dim = property(lambda self: self._rotary_dim, doc="Rotated features per head.")
+    base = property(lambda self: self._base, doc="The frequency base.")
+    layout = property(lambda self: self._layout, doc='The canonical layout, "half" or "interleaved".')
+    scaling = property(lambda self: self._scaling, doc="The long-context scaling, or None.")
+    max_position = property(lambda self: self._max_position, doc="The expected longest context, or None.")
+
+    @property
+    def inv_freq(self) -> tuple[float, ...]:
+        """Radians per position of each pair, as float64 Python floats (``rotary_dim // 2`` of them)."""
+        return self._freqs.inv_freq
+
+    @property
+    def attention_scaling(self) -> float:
+        """The factor the tables (and so the rotated q and k) carry; 1.0 without scaling."""
+        return self._freqs.scale
+
+    def __repr__(self) -> str:
+        parts = [f"{self._head_dim}", f"base={self._base!r}"]
+        if self._rotary_dim != self._head_dim:
+            parts.append(f"rotary_dim={self._rotary_dim}")
+        parts.append(f"layout={self._layout!r}")
+        if self._scaling is not None:
+            parts.append(f"scaling={self._scaling!r}")
+        if self._max_position is not None:
+            parts.append(f"max_position={self._max_position}")
+        return f"RoPE({', '.join(parts)})"
+
+    def cos_sin(self, positions: Any, *, like: Any) -> tuple[Any, Any]:
+        """Compact tables for ``positions``: shape ``positions.shape + (rotary_dim // 2,)``.
+
+        They come in ``like``'s library, device and dtype, ready for :func:`anyrope.apply`.
+        Angles are formed in float64 and only the final values are cast.
+        """
+        xp = array_namespace(like=like, positions=positions if is_array(positions) else None)
+        if not xp.isdtype(like.dtype, "real floating"):
+            raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
+        device = device_of(xp, like)
+        positions = as_index_array(xp, positions, device=device, arg="positions", ndims=None)
+        return self._tables(xp, positions, like.dtype, device)
+
+    def _tables(self, xp: Any, positions: Any, dtype: Any, device: Any) -> tuple[Any, Any]:
+        freqs = self._freqs
+        return cos_sin(xp, positions, freqs.inv_freq, dtype=dtype, device=device, scale=freqs.scale)
+
+    def _range_tables(self, xp: Any, start: int, length: int, dtype: Any, device: Any) -> tuple[Any, Any]:
+        """Rows start .. start + length - 1, sliced from the cached prefix table where it fits."""
+        row_bytes = self._rotary_dim * (xp.finfo(dtype).bits // 8)
+
+        def build(n: int) -> tuple[Any, Any]:
+            return self._tables(xp, xp.arange(n, dtype=xp.int64, device=device), dtype, device)
+
+        key = cache_key(xp, device, dtype, self._freqs)
+        cached = table_cache.prefix(
+            key, start + length, build, row_bytes=row_bytes, hint=self._max_position or 0
+        )
+        if cached is None:
+            rows = xp.arange(start, start + length, dtype=xp.int64, device=device)
+            return self._tables(xp, rows, dtype, device)
+        cos, sin = cached
+        return cos[start : start + length, ...], sin[start : start + length, ...]
+
+    def __call__(
+        self,
+        q: Any,
+        k: Any = None,
+        *,
+        positions: Any = None,
+        offset: Any = 0,
+        seq_axis: int = -2,
+    ) -> Any:
+        """Rotate ``q`` (and ``k``) by their positions.
+
+        Parameters
+        ----------
+        q, k : array
+            ``(..., seq, head_dim)`` with ``seq_axis=-2``, or ``(batch, seq, heads, head_dim)`` with
+            ``seq_axis=-3``. k may have another head count (grouped-query attention).
+        positions : array or sequence of int, optional
+            Integer positions, shape ``(seq,)`` or ``(batch, seq)`` (aligned with the first axis).
+        offset : int or sequence of int
+            Positions ``offset, offset + 1, ...``: the number of tokens already in the KV cache,
+            or one such count per batch row. Ignored when ``positions`` is given.
+        seq_axis : int
+            The sequence axis of q and k.
+
+        Returns
+        -------
+        array or (array, array)
+            The rotated q, or (q, k), in the inputs' library, device and dtype.
+        """
+        named = {"q": q, "k": k}
+        if is_array(positions):
+            named["positions"] = positions
+        if is_array(offset):
+            named["offset"] = offset
+        xp = array_namespace(**named)
+        check_input(xp, q, arg="q", head_dim=self._head_dim)
+        if k is not None:
+            check_input(xp, k, arg="k", head_dim=self._head_dim)
+        device = device_of(xp, q)
+        where: tuple[str, Any]
+        if positions is not None:
+            if not (type(offset) is int and offset == 0):
+                raise ValueError("pass positions or offset, not both (positions already say where each token is)")
+            where = ("positions", as_index_array(xp, positions, device=device, arg="positions", ndims=(1, 2)))
+        else:
+            start = plain_offset(offset)
+            if start is None:
+                where = ("rows", as_index_array(xp, offset, device=device, arg="offset", ndims=(1,)))
+            else:
+                where = ("offset", start)
+        q_out = self._rotate(xp, q, "q", where, seq_axis, device)
+        if k is None:
+            return q_out
+        return q_out, self._rotate(xp, k, "k", where, seq_axis, device)
+
+    def _rotate(self, xp: Any, x: Any, arg: str, where: tuple[str, Any], seq_axis: int, device: Any) -> Any:
+        axis = normalize_seq_axis(seq_axis, x.ndim, arg=arg)
+        seq = x.shape[axis]
+        dtype = compute_dtype(xp, x.dtype)
+        kind, value = where
+        if kind == "offset":
+            cos, sin = self._range_tables(xp, value, seq, dtype, device)
+        else:
+            if kind == "rows":
+                _check_batch(x, arg, axis, value.shape[0], "offset")
+                value = value[:, None] + xp.arange(seq, dtype=value.dtype, device=device)
+            else:
+                if value.shape[-1] != seq:
+                    raise ValueError(
+                        f"positions has {value.shape[-1]} entries per row but {arg} has {seq} "
+                        f"positions along seq_axis={seq_axis}"
+                    )
+                if value.ndim == 2:
+                    _check_batch(x, arg, axis, value.shape[0], "positions")
+            cos, sin = self._tables(xp, value, dtype, device)
+        return rotate(xp, x, cos, sin, layout=self._layout, inverse=False, seq_axis=axis)
+
+
+def _check_batch(x: Any, arg: str, axis: int, batch: int, source: str) -> None:
+    if x.ndim + axis < 1:
+        raise ValueError(
+            f"per-row {source} align with {arg}'s first axis, but {arg} of shape {tuple(x.shape)} has "
+            "no batch axis before its sequence axis"
+        )
+    if batch not in (1, x.shape[0]):
+        raise ValueError(
+            f"{source} has {batch} rows but {arg} has batch size {x.shape[0]} (axis 0); give one row "
+            "per batch entry"
+        )

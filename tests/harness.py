@@ -1,0 +1,176 @@
+"""The backends under test: read from backends/*/backend.toml, with per-library glue for tests.
+
+The glue here (making arrays from NumPy, reading them back, taking gradients) is test-only; the
+library itself never needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oracle import TOLERANCE
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_specs() -> dict[str, dict[str, Any]]:
+    specs = {}
+    for path in sorted((ROOT / "backends").glob("*/backend.toml")):
+        data = tomllib.loads(path.read_text())
+        specs[data["name"]] = data
+    return specs
+
+
+SPECS = load_specs()
+
+
+def target_ids() -> dict[str, tuple[str, str]]:
+    """Every testable id -> (backend name, device kind): "torch", "torch-cuda", "mlx", ..."""
+    ids = {}
+    for name, spec in SPECS.items():
+        devices = spec["devices"]
+        ids[name] = (name, devices[0])
+        for device in devices[1:]:
+            ids[f"{name}-{device}"] = (name, device)
+    return ids
+
+
+def installed(name: str) -> bool:
+    module = SPECS[name]["module"]
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing ("mlx" for "mlx.core")
+        return False
+
+
+def default_ids() -> list[str]:
+    """Every installed backend on its first device, GPU-only ones excepted."""
+    return [
+        name for name, spec in SPECS.items() if not spec.get("gpu-only") and installed(name)
+    ]
+
+
+@dataclass
+class Backend:
+    """One library on one device, as the tests see it."""
+
+    id: str
+    name: str
+    device_kind: str
+    xp: Any
+    device: Any
+    dtypes: list[str]
+    autograd: bool
+    deviations: list[dict[str, str]] = field(default_factory=list)
+
+    def dtype(self, name: str) -> Any:
+        return getattr(self.xp, name)
+
+    def asarray(self, a: Any, dtype: str | None = None) -> Any:
+        """A NumPy array (or nested list) on this backend, in ``dtype`` (default: a's own)."""
+        a = np.asarray(a)
+        xp = self.xp
+        if dtype is None:
+            dtype = str(a.dtype)
+        if a.dtype.kind in "iu":
+            return xp.asarray(a.tolist(), dtype=getattr(xp, str(a.dtype)), device=self.device)
+        # Go through float64 (or float32 for the 16-bit types) so values are rounded exactly once.
+        wide = "float64" if dtype == "float64" else "float32"
+        data = xp.asarray(a.astype(wide), dtype=getattr(xp, wide), device=self.device)
+        return xp.astype(data, self.dtype(dtype))
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """A backend array as float64/int NumPy (16-bit floats widened exactly)."""
+        xp = self.xp
+        if xp.isdtype(x.dtype, "real floating") and x.dtype != self.dtype("float64"):
+            x = xp.astype(x, xp.float32)
+        if self.name == "torch":
+            return x.detach().cpu().numpy()
+        if self.name == "cupy":
+            return x.get()
+        if self.name == "mlx":
+            return np.array(x)
+        if self.name == "numpy":
+            return np.asarray(x)
+        return np.from_dlpack(x)
+
+    def vjp(self, fn: Any, x: Any, cotangent: Any) -> Any:
+        """The vector-Jacobian product of ``fn`` at ``x`` with ``cotangent``."""
+        if self.name == "torch":
+            x = x.detach().clone().requires_grad_(True)
+            fn(x).backward(cotangent)
+            return x.grad
+        if self.name == "mlx":
+            mx = importlib.import_module("mlx.core")
+            _, (grad,) = mx.vjp(lambda t: fn(t), [x], [cotangent])
+            return grad
+        raise NotImplementedError(f"{self.name} has no autograd")
+
+
+def make_backend(target: str) -> Backend:
+    """Import and set up one target id; raises ``LookupError`` with the reason if unavailable."""
+    import array_api_compat
+
+    name, kind = target_ids()[target]
+    spec = SPECS[name]
+    if not installed(name):
+        raise LookupError(f"{name} is not installed ({spec['user-install']})")
+    module = importlib.import_module(spec["module"])
+    device: Any = None
+    if name == "torch":
+        if kind == "cuda" and not module.cuda.is_available():
+            raise LookupError("torch has no CUDA device here")
+        device = module.device("cuda" if kind == "cuda" else "cpu")
+        probe = module.zeros(1, device=device)
+    elif name == "cupy":
+        try:
+            count = module.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # CuPy raises its own CUDA errors without a driver
+            raise LookupError(f"cupy cannot reach a CUDA device: {exc}") from None
+        if not count:
+            raise LookupError("cupy sees no CUDA device")
+        probe = module.zeros(1)
+    elif name == "mlx":
+        probe = module.zeros(1)
+    else:
+        probe = module.asarray([0.0])
+    from anyrope._compat import array_namespace, device_of
+
+    xp = array_namespace(x=probe)
+    if device is None:
+        device = device_of(xp, probe)
+    assert array_api_compat.is_array_api_obj(probe)
+    return Backend(
+        id=target,
+        name=name,
+        device_kind=kind,
+        xp=xp,
+        device=device,
+        dtypes=list(spec["dtypes"]),
+        autograd=bool(spec.get("autograd")),
+        deviations=list(spec.get("deviations", [])),
+    )
+
+
+def assert_close(
+    backend: Backend, actual: Any, expected: np.ndarray, dtype: str, *, scale: float | None = None
+) -> None:
+    """``actual`` (a backend array) within the dtype's tolerance of the float64 ``expected``."""
+    got = backend.to_numpy(actual).astype(np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert got.shape == expected.shape, f"shape {got.shape} != {expected.shape}"
+    size = scale if scale is not None else max(1.0, float(np.max(np.abs(expected), initial=0.0)))
+    err = float(np.max(np.abs(got - expected), initial=0.0))
+    assert err <= TOLERANCE[dtype] * size, f"{dtype}: max error {err:.3g} > {TOLERANCE[dtype] * size:.3g}"

@@ -1,0 +1,76 @@
+"""An independent float64 NumPy oracle, written from the formula rather than from the library.
+
+For pair i with frequency theta_i = base ** (-2i / r) and position m, the pair (a, b) becomes
+(a cos(m theta_i) - b sin(m theta_i), b cos(m theta_i) + a sin(m theta_i)). The layout says which
+features (a, b) are: (i, i + r/2) for "half", (2i, 2i + 1) for "interleaved".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EPS = {
+    "float64": float(np.finfo(np.float64).eps),
+    "float32": float(np.finfo(np.float32).eps),
+    "float16": float(np.finfo(np.float16).eps),
+    "bfloat16": 2.0**-7,
+}
+
+# Error allowed, relative to the largest |value| involved, per dtype of the array under test.
+# 16-bit types: rounding the float32 result once costs half an ulp; float32: about 3 ulp of
+# products and sums plus the table's rounding; float64: angles m * theta differ by a few ulp of
+# m when theta comes from another pow, hence 1e-12 rather than a few eps.
+TOLERANCE = {"float64": 1e-12, "float32": 1e-6, "float16": 4e-3, "bfloat16": 3e-2}
+
+
+def inv_freq(rotary_dim: int, base: float = 10000.0) -> np.ndarray:
+    return base ** (-np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+
+
+def pairs(rotary_dim: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    half = rotary_dim // 2
+    if layout in ("half", "neox", "hf"):
+        return np.arange(half), np.arange(half) + half
+    return np.arange(0, rotary_dim, 2), np.arange(1, rotary_dim, 2)
+
+
+def rotate(
+    x: np.ndarray,
+    positions: np.ndarray,
+    *,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+    base: float = 10000.0,
+    inverse: bool = False,
+    seq_axis: int = -2,
+) -> np.ndarray:
+    """Rotate x (any shape with sequence axis ``seq_axis``) in float64.
+
+    ``positions`` is (seq,) or (batch, seq), aligned with x's first axis.
+    """
+    x = np.moveaxis(np.asarray(x, dtype=np.float64), seq_axis, -2)
+    r = x.shape[-1] if rotary_dim is None else rotary_dim
+    angles = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq(r, base)
+    if angles.ndim == 3:  # (batch, seq, r/2) -> (batch, 1..., seq, r/2)
+        angles = angles.reshape(angles.shape[0], *([1] * (x.ndim - 3)), *angles.shape[1:])
+    sign = -1.0 if inverse else 1.0
+    cos, sin = np.cos(angles), sign * np.sin(angles)
+    a_idx, b_idx = pairs(r, layout)
+    a, b = x[..., a_idx], x[..., b_idx]
+    out = np.broadcast_to(x, np.broadcast_shapes(x.shape, cos.shape[:-1] + (x.shape[-1],))).copy()
+    out[..., a_idx] = a * cos - b * sin
+    out[..., b_idx] = b * cos + a * sin
+    return np.moveaxis(out, -2, seq_axis)
+
+
+def cos_sin(positions: np.ndarray, rotary_dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    angles = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq(rotary_dim, base)
+    return np.cos(angles), np.sin(angles)
+
+
+def sinusoidal(positions: np.ndarray, dim: int, base: float = 10000.0) -> np.ndarray:
+    """PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(p / base^(2i/dim))."""
+    angles = np.asarray(positions, dtype=np.float64)[..., None] / base ** (np.arange(0, dim, 2) / dim)
+    out = np.empty((*angles.shape[:-1], dim))
+    out[..., 0::2], out[..., 1::2] = np.sin(angles), np.cos(angles)
+    return out
