@@ -11,9 +11,8 @@ import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
-
 from harness import SPECS, Backend, default_ids, make_backend, target_ids
+from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from oracle import TOLERANCE
 
 if sys.version_info >= (3, 11):
@@ -57,9 +56,7 @@ def installed(name: str) -> bool:
 
 def default_ids() -> list[str]:
     """Every installed backend on its first device, GPU-only ones excepted."""
-    return [
-        name for name, spec in SPECS.items() if not spec.get("gpu-only") and installed(name)
-    ]
+    return [name for name, spec in SPECS.items() if not spec.get("gpu-only") and installed(name)]
 
 
 @dataclass
@@ -137,7 +134,7 @@ def make_backend(target: str) -> Backend:
     elif name == "cupy":
         try:
             count = module.cuda.runtime.getDeviceCount()
-        except Exception as exc:  # CuPy raises its own CUDA errors without a driver
+        except module.cuda.runtime.CUDARuntimeError as exc:
             raise LookupError(f"cupy cannot reach a CUDA device: {exc}") from None
         if not count:
             raise LookupError("cupy sees no CUDA device")

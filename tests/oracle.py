@@ -57,7 +57,7 @@ def rotate(
     cos, sin = np.cos(angles), sign * np.sin(angles)
     a_idx, b_idx = pairs(r, layout)
     a, b = x[..., a_idx], x[..., b_idx]
-    out = np.broadcast_to(x, np.broadcast_shapes(x.shape, cos.shape[:-1] + (x.shape[-1],))).copy()
+    out = np.broadcast_to(x, np.broadcast_shapes(x.shape, (*cos.shape[:-1], x.shape[-1]))).copy()
     out[..., a_idx] = a * cos - b * sin
     out[..., b_idx] = b * cos + a * sin
     return np.moveaxis(out, -2, seq_axis)

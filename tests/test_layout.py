@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from harness import Backend, assert_close
 from hypothesis import given
 from hypothesis import strategies as st
 
 import anyrope
-from harness import Backend, assert_close
 
 PAIRS = [("half", "interleaved"), ("interleaved", "half")]
 
@@ -23,7 +23,9 @@ def test_aliases() -> None:
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 @pytest.mark.parametrize("rotary_dim", [None, 6])
-def test_rotation_commutes_with_to_layout(backend: Backend, src: str, dst: str, rotary_dim: int | None) -> None:
+def test_rotation_commutes_with_to_layout(
+    backend: Backend, src: str, dst: str, rotary_dim: int | None
+) -> None:
     x = backend.asarray(np.random.default_rng(0).standard_normal((2, 3, 5, 10)), "float64")
     rope_src = anyrope.RoPE(10, layout=src, rotary_dim=rotary_dim)
     rope_dst = anyrope.RoPE(10, layout=dst, rotary_dim=rotary_dim)
@@ -43,7 +45,9 @@ def test_to_layout_round_trip_is_exact(backend: Backend) -> None:
 
 def test_to_layout_known_permutation(backend: Backend) -> None:
     x = backend.asarray(np.arange(8))
-    np.testing.assert_array_equal(backend.to_numpy(anyrope.to_layout(x, "half", "interleaved")), [0, 4, 1, 5, 2, 6, 3, 7])
+    np.testing.assert_array_equal(
+        backend.to_numpy(anyrope.to_layout(x, "half", "interleaved")), [0, 4, 1, 5, 2, 6, 3, 7]
+    )
     np.testing.assert_array_equal(
         backend.to_numpy(anyrope.to_layout(x, "interleaved", "half", rotary_dim=4)), [0, 2, 1, 3, 4, 5, 6, 7]
     )
@@ -93,7 +97,9 @@ def test_permute_qk_weight_matches_the_checkpoint_conversion_recipe(backend: Bac
     """Meta -> Hugging Face: view(heads, d/2, 2, hidden).transpose(1, 2), written here in NumPy."""
     heads, head_dim, hidden = 3, 8, 5
     w = np.random.default_rng(4).standard_normal((heads * head_dim, hidden))
-    recipe = w.reshape(heads, head_dim // 2, 2, hidden).transpose(0, 2, 1, 3).reshape(heads * head_dim, hidden)
+    recipe = (
+        w.reshape(heads, head_dim // 2, 2, hidden).transpose(0, 2, 1, 3).reshape(heads * head_dim, hidden)
+    )
     got = anyrope.permute_qk_weight(backend.asarray(w, "float64"), heads, "interleaved", "half")
     np.testing.assert_array_equal(backend.to_numpy(got), recipe)
 
@@ -104,7 +110,9 @@ def test_permute_qk_weight_matches_the_checkpoint_conversion_recipe(backend: Bac
     seq=st.integers(1, 6),
     offset=st.integers(0, 10_000),
 )
-def test_layout_equivalence_property(backend: Backend, half_pairs: int, tail: int, seq: int, offset: int) -> None:
+def test_layout_equivalence_property(
+    backend: Backend, half_pairs: int, tail: int, seq: int, offset: int
+) -> None:
     rotary_dim, head_dim = 2 * half_pairs, 2 * half_pairs + 2 * tail
     x_np = np.random.default_rng(seq + offset).standard_normal((2, seq, head_dim))
     x = backend.asarray(x_np, "float32")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import oracle
 import pytest
+from harness import Backend, assert_close
 from hypothesis import given
 from hypothesis import strategies as st
 
 import anyrope
-import oracle
-from harness import Backend, assert_close
 
 LAYOUTS = ["half", "interleaved"]
 
@@ -30,7 +30,9 @@ def test_matches_oracle_every_dtype(backend: Backend, layout: str, rotary_dim: i
     for dtype in backend.dtypes:
         x = backend.asarray(_x((2, 3, 7, 16)), dtype)
         out = rope(x)
-        expected = oracle.rotate(_rounded(backend, _x((2, 3, 7, 16)), dtype), np.arange(7), layout=layout, rotary_dim=rotary_dim)
+        expected = oracle.rotate(
+            _rounded(backend, _x((2, 3, 7, 16)), dtype), np.arange(7), layout=layout, rotary_dim=rotary_dim
+        )
         assert out.dtype == x.dtype
         assert_close(backend, out, expected, dtype)
 
@@ -41,8 +43,18 @@ def test_q_and_k_with_grouped_heads(backend: Backend, layout: str) -> None:
     q_np, k_np = _x((2, 4, 5, 8), 1), _x((2, 2, 5, 8), 2)
     q, k = rope(backend.asarray(q_np, "float32"), backend.asarray(k_np, "float32"))
     pos = np.arange(5)
-    assert_close(backend, q, oracle.rotate(_rounded(backend, q_np, "float32"), pos, layout=layout, base=500.0), "float32")
-    assert_close(backend, k, oracle.rotate(_rounded(backend, k_np, "float32"), pos, layout=layout, base=500.0), "float32")
+    assert_close(
+        backend,
+        q,
+        oracle.rotate(_rounded(backend, q_np, "float32"), pos, layout=layout, base=500.0),
+        "float32",
+    )
+    assert_close(
+        backend,
+        k,
+        oracle.rotate(_rounded(backend, k_np, "float32"), pos, layout=layout, base=500.0),
+        "float32",
+    )
 
 
 def test_seq_axis_minus_three(backend: Backend) -> None:
@@ -59,12 +71,16 @@ def test_explicit_and_per_batch_positions(backend: Backend, layout: str) -> None
     x_np = _x((3, 2, 4, 8))
     x = backend.asarray(x_np, "float64")
     flat = np.array([5, 0, 9, 3])
-    assert_close(backend, rope(x, positions=backend.asarray(flat)), oracle.rotate(x_np, flat, layout=layout), "float64")
+    assert_close(
+        backend, rope(x, positions=backend.asarray(flat)), oracle.rotate(x_np, flat, layout=layout), "float64"
+    )
     rows = np.array([[0, 1, 2, 3], [7, 8, 9, 10], [100, 2, 50, 0]])
     out = rope(x, positions=backend.asarray(rows))
     assert_close(backend, out, oracle.rotate(x_np, rows, layout=layout), "float64")
     # Python sequences are accepted too.
-    assert_close(backend, rope(x, positions=rows.tolist()), oracle.rotate(x_np, rows, layout=layout), "float64")
+    assert_close(
+        backend, rope(x, positions=rows.tolist()), oracle.rotate(x_np, rows, layout=layout), "float64"
+    )
 
 
 def test_per_row_offsets(backend: Backend) -> None:
@@ -128,7 +144,9 @@ def test_norms_preserved(backend: Backend, layout: str) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @given(m=st.integers(0, 5000), n=st.integers(0, 5000), shift=st.integers(0, 5000))
-def test_scores_depend_only_on_relative_position(backend: Backend, layout: str, m: int, n: int, shift: int) -> None:
+def test_scores_depend_only_on_relative_position(
+    backend: Backend, layout: str, m: int, n: int, shift: int
+) -> None:
     rope = anyrope.RoPE(16, layout=layout)
     q = backend.asarray(_x((1, 16), 3), "float64")
     k = backend.asarray(_x((1, 16), 4), "float64")
@@ -158,7 +176,9 @@ def test_reference_rotation_matrix_is_block_diagonal(backend: Backend) -> None:
     like = backend.asarray(np.zeros(1), "float32")
     theta = oracle.inv_freq(4)
     for layout in LAYOUTS:
-        matrix = backend.to_numpy(anyrope.reference.rotation_matrix(7, theta, head_dim=6, layout=layout, like=like))
+        matrix = backend.to_numpy(
+            anyrope.reference.rotation_matrix(7, theta, head_dim=6, layout=layout, like=like)
+        )
         np.testing.assert_allclose(matrix @ matrix.T, np.eye(6), atol=1e-6)
         np.testing.assert_array_equal(matrix[4:, 4:], np.eye(2))
         a, b = oracle.pairs(4, layout)
@@ -174,7 +194,8 @@ def test_tables_within_1e6_of_float64_up_to_two_million(backend: Backend) -> Non
         like = backend.asarray(np.zeros(1), dtype)
         cos, sin = rope.cos_sin(backend.asarray(positions), like=like)
         want_cos, want_sin = oracle.cos_sin(positions, 128)
-        assert cos.dtype == like.dtype and tuple(cos.shape) == (8, 64)
+        assert cos.dtype == like.dtype
+        assert tuple(cos.shape) == (8, 64)
         assert np.max(np.abs(backend.to_numpy(cos) - want_cos)) <= 1e-6
         assert np.max(np.abs(backend.to_numpy(sin) - want_sin)) <= 1e-6
 
@@ -214,7 +235,9 @@ def test_output_library_device_and_dtype(backend: Backend) -> None:
             if backend.name != "mlx":  # MLX arrays have no device: unified memory
                 assert array_api_compat.device(out) == array_api_compat.device(x)
         cos, sin = rope.cos_sin(backend.asarray(np.arange(3)), like=x)
-        assert type(cos) is type(x) and cos.dtype == x.dtype and tuple(sin.shape) == (3, 2)
+        assert type(cos) is type(x)
+        assert cos.dtype == x.dtype
+        assert tuple(sin.shape) == (3, 2)
 
 
 def test_sinusoidal(backend: Backend) -> None:

@@ -11,7 +11,7 @@ import contextlib
 import math
 import threading
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import array_api_compat
 
@@ -21,6 +21,7 @@ __all__ = [
     "device_of",
     "float64_scope",
     "library_name",
+    "materialize",
 ]
 
 
@@ -88,7 +89,7 @@ def float64_scope(xp: Any, device: Any) -> contextlib.AbstractContextManager[Non
     if isinstance(xp, _MLXNamespace):
         # MLX's CPU stream does float64 and shares memory with the GPU, so the tables are
         # computed there whatever the default device is.
-        return xp.stream(xp.cpu)
+        return cast("contextlib.AbstractContextManager[None]", xp.stream(xp.cpu))
     if array_api_compat.is_torch_namespace(xp):
         if getattr(device, "type", "cpu") == "mps":
             return None
@@ -102,13 +103,23 @@ def float64_scope(xp: Any, device: Any) -> contextlib.AbstractContextManager[Non
     return contextlib.nullcontext()
 
 
+def materialize(xp: Any, *arrays: Any) -> None:
+    """Finish computing lazy arrays before they are shared between threads (MLX evaluates lazily,
+    and one graph evaluated from several threads at once gives wrong values)."""
+    if isinstance(xp, _MLXNamespace):
+        xp.eval(*arrays)
+
+
 def compute_dtype(xp: Any, dtype: Any) -> Any:
     """The dtype RoPE arithmetic runs in: float64 stays, everything narrower runs in float32."""
     return xp.float64 if hasattr(xp, "float64") and dtype == xp.float64 else xp.float32
 
 
 class _MLXNamespace:
-    """``mlx.core`` with the array-API keywords it does not take (``device=``, ``copy=``)."""
+    """``mlx.core`` with the array-API keywords it does not take (``device=``, ``copy=``).
+
+    MLX arrays live in unified memory, so ``device=`` has nothing to choose and is dropped.
+    """
 
     __name__ = "mlx.core"
 
@@ -118,16 +129,16 @@ class _MLXNamespace:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._mx, name)
 
-    def asarray(self, obj: Any, /, *, dtype: Any = None, device: Any = None, copy: Any = None) -> Any:
+    def asarray(self, obj: Any, /, *, dtype: Any = None, device: Any = None, copy: Any = None) -> Any:  # noqa: ARG002
         return self._mx.array(obj, dtype=dtype) if dtype is not None else self._mx.array(obj)
 
-    def arange(self, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+    def arange(self, *args: Any, device: Any = None, **kwargs: Any) -> Any:  # noqa: ARG002
         return self._mx.arange(*args, **kwargs)
 
-    def zeros(self, shape: Any, *, dtype: Any = None, device: Any = None) -> Any:
+    def zeros(self, shape: Any, *, dtype: Any = None, device: Any = None) -> Any:  # noqa: ARG002
         return self._mx.zeros(shape, dtype=dtype if dtype is not None else self._mx.float32)
 
-    def astype(self, x: Any, dtype: Any, /, *, copy: bool = True, device: Any = None) -> Any:
+    def astype(self, x: Any, dtype: Any, /, *, copy: bool = True, device: Any = None) -> Any:  # noqa: ARG002
         if not copy and x.dtype == dtype:
             return x
         return self._mx.astype(x, dtype)

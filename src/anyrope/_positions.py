@@ -22,10 +22,12 @@ def as_index_array(xp: Any, value: Any, *, device: Any, arg: str, ndims: Sequenc
     Raises TypeError for non-integers and ValueError for negatives or a rank not in ``ndims``.
     """
     if not is_array(value):
-        if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, int)) and not hasattr(
-            value, "__index__"
+        if isinstance(value, (str, bytes)) or (
+            not isinstance(value, (Sequence, int)) and not hasattr(value, "__index__")
         ):
-            raise TypeError(f"{arg} must be an integer array or a sequence of ints, not {type(value).__name__}")
+            raise TypeError(
+                f"{arg} must be an integer array or a sequence of ints, not {type(value).__name__}"
+            )
         if _has_non_int(value):
             raise TypeError(f"{arg} must hold integers, got {value!r}")
         value = xp.asarray(value, dtype=xp.int64, device=device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._compat import array_namespace, compute_dtype, device_of
+from ._compat import array_namespace, compute_dtype, device_of, materialize
 from ._layout import Layout, check_rotary_dim, normalize_layout
 from ._positions import as_index_array, is_array, plain_offset
 from ._rotate import check_input, normalize_seq_axis, rotate
@@ -28,9 +28,7 @@ class _Frequencies:
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, _Frequencies)
-            and self.inv_freq == other.inv_freq
-            and self.scale == other.scale
+            isinstance(other, _Frequencies) and self.inv_freq == other.inv_freq and self.scale == other.scale
         )
 
 
@@ -85,7 +83,12 @@ class RoPE:
             raise ValueError(f"head_dim={head_dim} must be a positive even number (features rotate in pairs)")
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         check_rotary_dim(rotary_dim, head_dim)
-        if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
+        if (
+            isinstance(base, bool)
+            or not isinstance(base, (int, float))
+            or not math.isfinite(base)
+            or base <= 0
+        ):
             raise ValueError(f"base={base!r} must be a positive finite number (10000.0 in most models)")
         if max_position is not None and (
             isinstance(max_position, bool) or not isinstance(max_position, int) or max_position <= 0
@@ -126,8 +129,6 @@ class RoPE:
         if self._rotary_dim != self._head_dim:
             parts.append(f"rotary_dim={self._rotary_dim}")
         parts.append(f"layout={self._layout!r}")
-        if self._scaling is not None:
-            parts.append(f"scaling={self._scaling!r}")
         if self._max_position is not None:
             parts.append(f"max_position={self._max_position}")
         return f"RoPE({', '.join(parts)})"
@@ -154,7 +155,9 @@ class RoPE:
         row_bytes = self._rotary_dim * (xp.finfo(dtype).bits // 8)
 
         def build(n: int) -> tuple[Any, Any]:
-            return self._tables(xp, xp.arange(n, dtype=xp.int64, device=device), dtype, device)
+            cos, sin = self._tables(xp, xp.arange(n, dtype=xp.int64, device=device), dtype, device)
+            materialize(xp, cos, sin)  # the cache shares them across threads
+            return cos, sin
 
         key = cache_key(xp, device, dtype, self._freqs)
         cached = table_cache.prefix(
@@ -208,7 +211,9 @@ class RoPE:
         where: tuple[str, Any]
         if positions is not None:
             if not (type(offset) is int and offset == 0):
-                raise ValueError("pass positions or offset, not both (positions already say where each token is)")
+                raise ValueError(
+                    "pass positions or offset, not both (positions already say where each token is)"
+                )
             where = ("positions", as_index_array(xp, positions, device=device, arg="positions", ndims=(1, 2)))
         else:
             start = plain_offset(offset)

@@ -22,7 +22,9 @@ def check_input(xp: Any, x: Any, *, arg: str, head_dim: int | None = None) -> No
             f"got dtype {x.dtype}; cast it first, e.g. with astype"
         )
     if x.ndim < 2:
-        raise ValueError(f"{arg} must have at least two axes (..., seq, head_dim), got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{arg} must have at least two axes (..., seq, head_dim), got shape {tuple(x.shape)}"
+        )
     if head_dim is not None and x.shape[-1] != head_dim:
         raise ValueError(
             f"{arg}.shape[-1]={x.shape[-1]} does not match head_dim={head_dim}; the last axis must "

@@ -58,9 +58,7 @@ def cos_sin(
             return xp.astype(cos, dtype), xp.astype(sin, dtype)
 
 
-def _cos_sin_float64(
-    xp: Any, positions: Any, inv_freq: Sequence[float], *, device: Any
-) -> tuple[Any, Any]:
+def _cos_sin_float64(xp: Any, positions: Any, inv_freq: Sequence[float], *, device: Any) -> tuple[Any, Any]:
     freqs = xp.asarray(inv_freq, dtype=xp.float64, device=device)
     angles = xp.astype(positions, xp.float64)[..., None] * freqs
     return xp.cos(angles), xp.sin(angles)

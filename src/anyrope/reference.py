@@ -53,15 +53,13 @@ def rotation_matrix(
     rows = [[0.0] * head_dim for _ in range(head_dim)]
     for i in range(head_dim):
         rows[i][i] = 1.0
-    for (a, b), theta in zip(pair_indices(2 * len(inv_freq), layout), inv_freq):
+    for (a, b), theta in zip(pair_indices(2 * len(inv_freq), layout), inv_freq, strict=False):
         c, s = math.cos(position * theta), math.sin(position * theta)
         rows[a][a], rows[a][b], rows[b][a], rows[b][b] = c, -s, s, c
     return xp.asarray(rows, dtype=_work_dtype(xp, device), device=device)
 
 
-def apply_matrix(
-    x: Any, positions: Sequence[int], inv_freq: Sequence[float], *, layout: str = "half"
-) -> Any:
+def apply_matrix(x: Any, positions: Sequence[int], inv_freq: Sequence[float], *, layout: str = "half") -> Any:
     """Rotate ``x`` of shape ``(..., seq, head_dim)`` by dense matrices, one per position."""
     xp = array_namespace(x=x)
     head_dim = x.shape[-1]

@@ -1,0 +1,44 @@
+"""``python -m anyrope`` (also the ``anyrope`` script): list the installed backends and self-check them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import _selfcheck
+
+    parser = argparse.ArgumentParser(
+        prog="python -m anyrope",
+        description=(
+            "List the array libraries anyrope finds installed (NumPy, PyTorch, MLX, CuPy, "
+            "array-api-strict) and self-check RoPE on each of their devices, in float32 and float64, "
+            "against a plain-Python oracle. Exits with 0 when every check that ran passed."
+        ),
+    )
+    parser.add_argument(
+        "-b",
+        "--backend",
+        action="append",
+        choices=[b.name for b in _selfcheck.BACKENDS],
+        help="check only this backend (repeatable); default: every installed one",
+    )
+    # The bare command is the self-check. Later commands (e.g. "bench") go in as subparsers:
+    # parser.add_subparsers(dest="command").add_parser("bench").set_defaults(handler=...);
+    # a subparser's set_defaults overrides this one, so the bare command keeps working.
+    parser.set_defaults(handler=lambda args: _selfcheck.run(args.backend))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (``sys.argv[1:]`` by default); returns the exit status."""
+    args = _parser().parse_args(argv)
+    status: int = args.handler(args)
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

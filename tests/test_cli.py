@@ -1,0 +1,114 @@
+"""``python -m anyrope``: the backend self-check and its exit status."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anyrope import _selfcheck
+from anyrope.__main__ import main
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _numpy_backend() -> _selfcheck.Backend:
+    pytest.importorskip("numpy")
+    return next(b for b in _selfcheck.BACKENDS if b.name == "numpy")
+
+
+def test_self_check_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("numpy")
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "anyrope " in out
+    assert "numpy" in out
+    assert " ok" in out
+    assert "FAIL" not in out
+    assert " 0 failed" in out
+
+
+def test_wrong_oracle_fails(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _numpy_backend()
+    right = _selfcheck.rope_oracle
+
+    def one_position_late(x: Any, **kwargs: Any) -> Any:
+        return right(x, **{**kwargs, "offset": kwargs.get("offset", 0) + 1})
+
+    monkeypatch.setattr(_selfcheck, "rope_oracle", one_position_late)
+    assert main(["--backend", "numpy"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL (max error" in out
+    equivalence = [line for line in out.splitlines() if "layout equivalence" in line]
+    assert equivalence
+    assert all(line.endswith(" ok") for line in equivalence)  # no oracle involved there
+
+
+def test_broken_backend_is_a_failed_row(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    numpy_backend = _numpy_backend()
+
+    def broken() -> list[_selfcheck.Target]:
+        raise ImportError("libfoo.so: cannot open shared object file")
+
+    fake = dataclasses.replace(numpy_backend, name="broken", probe=broken)
+    monkeypatch.setattr(_selfcheck, "BACKENDS", (numpy_backend, fake))
+    assert _selfcheck.run() == 1
+    out = capsys.readouterr().out
+    assert "import" in out
+    assert "FAIL (ImportError: libfoo.so: cannot open shared object file)" in out
+    assert "numpy" in out  # the healthy backend is still checked
+    assert " ok" in out
+
+
+def test_backend_without_device_is_skipped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    numpy_backend = _numpy_backend()
+
+    def no_gpu() -> list[_selfcheck.Target]:
+        raise _selfcheck.Skip("no CUDA device")
+
+    fake = dataclasses.replace(numpy_backend, name="gpuonly", probe=no_gpu)
+    monkeypatch.setattr(_selfcheck, "BACKENDS", (numpy_backend, fake))
+    assert _selfcheck.run() == 0
+    assert "skipped (no CUDA device)" in capsys.readouterr().out
+    # With nothing else to run, nothing was checked: that is not a pass.
+    monkeypatch.setattr(_selfcheck, "BACKENDS", (fake,))
+    assert _selfcheck.run() == 1
+    assert "nothing could be checked" in capsys.readouterr().out
+
+
+def test_no_backend_installed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(_selfcheck, "is_installed", lambda module: False)
+    assert main([]) == 1
+    assert 'pip install "anyrope[numpy]"' in capsys.readouterr().out
+
+
+def test_oracle_by_hand() -> None:
+    x = [[[[1.0, 0.0, 0.5, 2.0]] * 2]]  # (1, 1, 2, 4): positions 0 and 1
+    out = _selfcheck.rope_oracle(x, rotary_dim=2, layout="interleaved", base=10.0)
+    assert out[0][0][0] == [1.0, 0.0, 0.5, 2.0]  # position 0 and the pass-through tail
+    assert out[0][0][1] == [math.cos(1.0), math.sin(1.0), 0.5, 2.0]
+    out = _selfcheck.rope_oracle(x, rotary_dim=4, layout="half", offset=1, base=1.0)
+    assert out[0][0][0][1] == pytest.approx(0.0 * math.cos(1.0) - 2.0 * math.sin(1.0))
+
+
+def test_help_runs_as_module() -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "anyrope", "--help"], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m anyrope")
+    assert "self-check" in result.stdout

@@ -1,0 +1,159 @@
+"""Bad input gets a TypeError or ValueError that names the argument and the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from harness import Backend
+
+import anyrope
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"head_dim": 7}, ValueError, "head_dim=7 must be a positive even"),
+        ({"head_dim": 0}, ValueError, "head_dim=0 must be a positive even"),
+        ({"head_dim": -4}, ValueError, "head_dim=-4"),
+        ({"head_dim": 8.0}, TypeError, "head_dim must be an int"),
+        ({"head_dim": 8, "rotary_dim": 5}, ValueError, "rotary_dim=5 must be a positive even"),
+        ({"head_dim": 8, "rotary_dim": 10}, ValueError, "rotary_dim=10 exceeds head_dim=8"),
+        (
+            {"head_dim": 8, "layout": "sideways"},
+            ValueError,
+            "layout='sideways' is not a known layout; use one of 'half'",
+        ),
+        ({"head_dim": 8, "base": 0.0}, ValueError, "base=0.0 must be a positive"),
+        ({"head_dim": 8, "max_position": 0}, ValueError, "max_position=0"),
+        ({"head_dim": 8, "scaling": "yarn"}, ValueError, "scaling='yarn' is not supported"),
+    ],
+)
+def test_constructor_rejects(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
+    head_dim = kwargs.pop("head_dim")
+    with pytest.raises(error, match=match):
+        anyrope.RoPE(head_dim, **kwargs)  # type: ignore[arg-type]
+
+
+def test_call_rejects_bad_arrays(backend: Backend) -> None:
+    rope = anyrope.RoPE(8)
+    x = backend.asarray(np.zeros((2, 3, 8)), "float32")
+    with pytest.raises(TypeError, match="q must be a real floating-point array"):
+        rope(backend.asarray(np.zeros((2, 3, 8), dtype=np.int32)))
+    with pytest.raises(ValueError, match=r"q.shape\[-1\]=6 does not match head_dim=8"):
+        rope(backend.asarray(np.zeros((2, 3, 6)), "float32"))
+    with pytest.raises(ValueError, match=r"k.shape\[-1\]=4 does not match head_dim=8"):
+        rope(x, backend.asarray(np.zeros((2, 3, 4)), "float32"))
+    with pytest.raises(ValueError, match="q must have at least two axes"):
+        rope(backend.asarray(np.zeros(8), "float32"))
+    with pytest.raises(ValueError, match="seq_axis=-1 is not a sequence axis"):
+        rope(x, seq_axis=-1)
+    with pytest.raises(ValueError, match="seq_axis=-4 is not a sequence axis"):
+        rope(x, seq_axis=-4)
+
+
+def test_call_rejects_bad_positions(backend: Backend) -> None:
+    rope = anyrope.RoPE(8)
+    x = backend.asarray(np.zeros((2, 3, 8)), "float32")
+    with pytest.raises(TypeError, match="positions must be an integer array, got dtype"):
+        rope(x, positions=backend.asarray(np.arange(3.0), "float32"))
+    with pytest.raises(TypeError, match="positions must hold integers"):
+        rope(x, positions=[0, 1.5, 2])
+    with pytest.raises(ValueError, match="positions must be non-negative"):
+        rope(x, positions=backend.asarray(np.array([0, -1, 2])))
+    with pytest.raises(ValueError, match="positions has 4 entries per row but q has 3"):
+        rope(x, positions=[0, 1, 2, 3])
+    with pytest.raises(ValueError, match="positions must be 1-d or 2-d"):
+        rope(x, positions=backend.asarray(np.zeros((1, 1, 3), dtype=np.int64)))
+    with pytest.raises(ValueError, match="positions has 5 rows but q has batch size 2"):
+        rope(x, positions=backend.asarray(np.zeros((5, 3), dtype=np.int64)))
+    with pytest.raises(ValueError, match="pass positions or offset, not both"):
+        rope(x, positions=[0, 1, 2], offset=4)
+    with pytest.raises(ValueError, match="no batch axis before its sequence axis"):
+        rope(backend.asarray(np.zeros((3, 8)), "float32"), positions=[[0, 1, 2]])
+
+
+def test_call_rejects_bad_offsets(backend: Backend) -> None:
+    rope = anyrope.RoPE(8)
+    x = backend.asarray(np.zeros((2, 3, 8)), "float32")
+    with pytest.raises(ValueError, match="offset=-1 must be non-negative"):
+        rope(x, offset=-1)
+    with pytest.raises(TypeError, match="offset must be an int or one int per batch row, not float"):
+        rope(x, offset=1.5)
+    with pytest.raises(TypeError, match="not a bool"):
+        rope(x, offset=True)
+    with pytest.raises(ValueError, match="offset must be non-negative"):
+        rope(x, offset=[1, -2])
+    with pytest.raises(ValueError, match="offset has 3 rows but q has batch size 2"):
+        rope(x, offset=[1, 2, 3])
+    with pytest.raises(TypeError, match="offset must be an integer array"):
+        rope(x, offset=backend.asarray(np.array([1.0, 2.0]), "float32"))
+    with pytest.raises(ValueError, match="offset must be 1-d"):
+        rope(x, offset=[[1], [2]])
+
+
+def test_apply_rejects_mismatched_tables(backend: Backend) -> None:
+    x = backend.asarray(np.zeros((2, 3, 8)), "float32")
+    table = backend.asarray(np.zeros((3, 4)), "float32")
+    with pytest.raises(ValueError, match="cos and sin must have one shape"):
+        anyrope.apply(x, table, backend.asarray(np.zeros((3, 2)), "float32"))
+    with pytest.raises(ValueError, match="from duplicated"):
+        anyrope.apply(
+            x, backend.asarray(np.zeros((3, 8)), "float32"), backend.asarray(np.zeros((3, 8)), "float32")
+        )
+    long_seq = backend.asarray(np.zeros((5, 4)), "float32")
+    with pytest.raises(ValueError, match=r"cos.shape\[-2\]=5 does not match the sequence length 3"):
+        anyrope.apply(x, long_seq, long_seq)
+    batched = backend.asarray(np.zeros((4, 3, 4)), "float32")
+    with pytest.raises(ValueError, match=r"cos.shape\[0\]=4 does not match x's batch size 2"):
+        anyrope.apply(x, batched, batched)
+    flat = backend.asarray(np.zeros(4), "float32")
+    with pytest.raises(ValueError, match="must have shape \\(seq, rotary_dim // 2\\)"):
+        anyrope.apply(x, flat, flat)
+    ints = backend.asarray(np.zeros((3, 4), dtype=np.int32))
+    with pytest.raises(TypeError, match="cos must be a real floating-point array"):
+        anyrope.apply(x, ints, ints)
+    with pytest.raises(ValueError, match="layout='diagonal' is not a known layout"):
+        anyrope.apply(x, table, table, layout="diagonal")
+
+
+def test_layout_helpers_reject(backend: Backend) -> None:
+    w = backend.asarray(np.zeros((12, 4)), "float32")
+    with pytest.raises(ValueError, match="src='x' is not a known layout"):
+        anyrope.to_layout(w, "x", "half")
+    with pytest.raises(ValueError, match="rotary_dim=3 must be a positive even"):
+        anyrope.to_layout(w, "half", "meta", rotary_dim=3)
+    with pytest.raises(ValueError, match=r"weight.shape\[0\]=12 is not divisible by num_heads=5"):
+        anyrope.permute_qk_weight(w, 5, "meta", "hf")
+    with pytest.raises(ValueError, match="num_heads=0 must be a positive int"):
+        anyrope.permute_qk_weight(w, 0, "meta", "hf")
+    with pytest.raises(ValueError, match="weight must have shape"):
+        anyrope.permute_qk_weight(backend.asarray(np.zeros((2, 6, 4)), "float32"), 2, "meta", "hf")
+    with pytest.raises(ValueError, match="dim=5 must be a positive even"):
+        anyrope.sinusoidal(backend.asarray(np.arange(3)), 5)
+
+
+def test_cos_sin_rejects(backend: Backend) -> None:
+    rope = anyrope.RoPE(8)
+    with pytest.raises(TypeError, match="like must be a real floating-point array"):
+        rope.cos_sin([0, 1], like=backend.asarray(np.zeros(2, dtype=np.int32)))
+    with pytest.raises(ValueError, match="positions must be non-negative"):
+        rope.cos_sin([0, -1], like=backend.asarray(np.zeros(2), "float32"))
+
+
+def test_not_an_array() -> None:
+    with pytest.raises(TypeError, match="q must be an array of a supported library"):
+        anyrope.RoPE(8)([[0.0] * 8])
+
+
+def test_mixed_libraries_name_both(backend: Backend) -> None:
+    if backend.name == "numpy":
+        pytest.skip("needs a second library beside NumPy")
+    rope = anyrope.RoPE(8)
+    x = backend.asarray(np.zeros((2, 3, 8)), "float32")
+    lib = "mlx" if backend.name == "mlx" else backend.xp.__name__.removeprefix("array_api_compat.")
+    with pytest.raises(TypeError, match=f"q is a {lib} array but k is a numpy array"):
+        rope(x, np.zeros((2, 3, 8), dtype=np.float32))
+    with pytest.raises(TypeError, match=f"q is a {lib} array but positions is a numpy array"):
+        rope(x, positions=np.arange(3))
+    with pytest.raises(TypeError, match=f"x is a {lib} array but cos is a numpy array"):
+        anyrope.apply(x, np.zeros((3, 4)), np.zeros((3, 4)))
