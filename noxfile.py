@@ -1,9 +1,9 @@
 """Sessions: one conformance-test session per backend (from backends/*/backend.toml), and lint.
 
-    nox                       # lint and the tests of every CPU backend
-    nox -s tests-torch        # one backend (torch also runs on CUDA when a GPU is present)
-    nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
-    nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
+nox                       # lint and the tests of every CPU backend
+nox -s tests-torch        # one backend (torch also runs on CUDA when a GPU is present)
+nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
+nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
 """
 
 from __future__ import annotations

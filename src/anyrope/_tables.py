@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import array_api_compat
 
@@ -32,7 +32,7 @@ def _table_scope(xp: Any) -> contextlib.AbstractContextManager[Any]:
     if array_api_compat.is_torch_namespace(xp):
         import torch  # already imported: the array came from it
 
-        return torch.inference_mode(False)
+        return cast("contextlib.AbstractContextManager[Any]", torch.inference_mode(False))
     return contextlib.nullcontext()
 
 
