@@ -58,6 +58,10 @@ def test_call_rejects_bad_positions(backend: Backend) -> None:
         rope(x, positions=backend.asarray(np.arange(3.0), "float32"))
     with pytest.raises(TypeError, match="positions must hold integers"):
         rope(x, positions=[0, 1.5, 2])
+    with pytest.raises(ValueError, match="positions must be rectangular"):
+        rope(x, positions=[[0, 1, 2], [3, 4]])
+    with pytest.raises(TypeError, match="positions must be an integer array or a sequence of ints, not str"):
+        rope(x, positions="012")
     with pytest.raises(ValueError, match="positions must be non-negative"):
         rope(x, positions=backend.asarray(np.array([0, -1, 2])))
     with pytest.raises(ValueError, match="positions has 4 entries per row but q has 3"):

@@ -35,11 +35,6 @@ def library_name(xp: Any) -> str:
     return name
 
 
-def _describe(value: Any) -> str:
-    module = type(value).__module__.split(".")[0]
-    return "mlx" if module == "mlx" else module
-
-
 def array_namespace(**named: Any) -> Any:
     """The namespace shared by the named arrays; ``None`` values are ignored.
 

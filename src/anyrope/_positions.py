@@ -22,14 +22,16 @@ def as_index_array(xp: Any, value: Any, *, device: Any, arg: str, ndims: Sequenc
     Raises TypeError for non-integers and ValueError for negatives or a rank not in ``ndims``.
     """
     if not is_array(value):
-        if isinstance(value, (str, bytes)) or (
-            not isinstance(value, (Sequence, int)) and not hasattr(value, "__index__")
+        if isinstance(value, (str, bytes)) or not (
+            isinstance(value, Sequence) or hasattr(value, "__index__")
         ):
             raise TypeError(
                 f"{arg} must be an integer array or a sequence of ints, not {type(value).__name__}"
             )
         if _has_non_int(value):
             raise TypeError(f"{arg} must hold integers, got {value!r}")
+        if len({len(row) if isinstance(row, Sequence) else -1 for row in _rows(value)}) > 1:
+            raise ValueError(f"{arg} must be rectangular: every row needs the same length")
         value = xp.asarray(value, dtype=xp.int64, device=device)
     elif not xp.isdtype(value.dtype, "integral"):
         raise TypeError(
@@ -42,6 +44,10 @@ def as_index_array(xp: Any, value: Any, *, device: Any, arg: str, ndims: Sequenc
     if math.prod(value.shape) and bool(xp.any(value < 0)):
         raise ValueError(f"{arg} must be non-negative; got a negative entry")
     return value
+
+
+def _rows(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, Sequence) else []
 
 
 def _has_non_int(value: Any) -> bool:
