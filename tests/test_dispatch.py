@@ -58,7 +58,7 @@ def test_cache_respects_its_bound(backend: Backend) -> None:
         for base in (100.0, 200.0, 300.0, 400.0, 500.0):
             anyrope.RoPE(64, base=base)(x, offset=10)
         assert cache.info()["nbytes"] <= 64 * 1024
-        # A table larger than the whole bound is built for the call and not kept.
+        # A table over half the bound is built for the call and not kept.
         rope = anyrope.RoPE(64, base=600.0)
         big = backend.asarray(np.zeros((1, 600, 64)), "float32")
         np.testing.assert_array_equal(

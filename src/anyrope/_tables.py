@@ -109,8 +109,8 @@ class TableCache:
 
     Keys name the frequencies, the array library, the device and the dtype. A table covers
     positions ``0 .. length - 1`` and grows by doubling, so decoding token by token rebuilds it
-    only a logarithmic number of times. A table larger than the whole bound is built for the
-    call and not kept.
+    only a logarithmic number of times. A table that would take more than half the bound is
+    not kept: the caller builds just the rows it needs.
     """
 
     def __init__(self, limit_bytes: int = 256 * 2**20, min_length: int = 256) -> None:
@@ -165,9 +165,10 @@ class TableCache:
             previous = entry.length if entry is not None else 0
         size = max(length, hint, self.min_length, 2 * previous)
         size = 1 << (size - 1).bit_length()
-        if size * row_bytes > self.limit_bytes:
+        share = self.limit_bytes // 2  # so one table cannot evict all the others
+        if size * row_bytes > share:
             size = length
-            if size * row_bytes > self.limit_bytes:
+            if size * row_bytes > share:
                 return None
         cos, sin = build(size)
         with self._lock:
