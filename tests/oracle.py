@@ -43,18 +43,22 @@ def rotate(
     base: float = 10000.0,
     inverse: bool = False,
     seq_axis: int = -2,
+    frequencies: np.ndarray | None = None,
+    scale: float = 1.0,
 ) -> np.ndarray:
     """Rotate x (any shape with sequence axis ``seq_axis``) in float64.
 
-    ``positions`` is (seq,) or (batch, seq), aligned with x's first axis.
+    ``positions`` is (seq,) or (batch, seq), aligned with x's first axis. ``frequencies`` replace
+    the plain ones (scaling methods), and ``scale`` multiplies cos and sin.
     """
     x = np.moveaxis(np.asarray(x, dtype=np.float64), seq_axis, -2)
     r = x.shape[-1] if rotary_dim is None else rotary_dim
-    angles = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq(r, base)
+    theta = inv_freq(r, base) if frequencies is None else np.asarray(frequencies, dtype=np.float64)
+    angles = np.asarray(positions, dtype=np.float64)[..., None] * theta
     if angles.ndim == 3:  # (batch, seq, r/2) -> (batch, 1..., seq, r/2)
         angles = angles.reshape(angles.shape[0], *([1] * (x.ndim - 3)), *angles.shape[1:])
     sign = -1.0 if inverse else 1.0
-    cos, sin = np.cos(angles), sign * np.sin(angles)
+    cos, sin = scale * np.cos(angles), scale * sign * np.sin(angles)
     a_idx, b_idx = pairs(r, layout)
     a, b = x[..., a_idx], x[..., b_idx]
     out = np.broadcast_to(x, np.broadcast_shapes(x.shape, (*cos.shape[:-1], x.shape[-1]))).copy()

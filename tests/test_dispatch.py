@@ -11,10 +11,11 @@ import threading
 
 import numpy as np
 import pytest
-from harness import Backend
 
 import anyrope
 from anyrope import TableCache
+
+from harness import Backend
 
 
 def test_import_loads_no_array_library() -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import Backend
 
 import anyrope
+
+from harness import Backend
 
 
 @pytest.mark.parametrize(
@@ -25,7 +26,11 @@ import anyrope
         ),
         ({"head_dim": 8, "base": 0.0}, ValueError, "base=0.0 must be a positive"),
         ({"head_dim": 8, "max_position": 0}, ValueError, "max_position=0"),
-        ({"head_dim": 8, "scaling": "yarn"}, ValueError, "scaling='yarn' is not supported"),
+        (
+            {"head_dim": 8, "scaling": "yarn"},
+            TypeError,
+            "scaling must be None or a method from anyrope.scaling",
+        ),
     ],
 )
 def test_constructor_rejects(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
@@ -64,7 +69,7 @@ def test_call_rejects_bad_positions(backend: Backend) -> None:
         rope(x, positions="012")
     with pytest.raises(ValueError, match="positions must be non-negative"):
         rope(x, positions=backend.asarray(np.array([0, -1, 2])))
-    with pytest.raises(ValueError, match="positions has 4 entries per row but q has 3"):
+    with pytest.raises(ValueError, match="positions has 4 entries per row but q has 3 positions"):
         rope(x, positions=[0, 1, 2, 3])
     with pytest.raises(ValueError, match="positions must be 1-d or 2-d"):
         rope(x, positions=backend.asarray(np.zeros((1, 1, 3), dtype=np.int64)))

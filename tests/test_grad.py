@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import Backend, assert_close
 
 import anyrope
+
+from harness import Backend, assert_close
 
 
 @pytest.fixture

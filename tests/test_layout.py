@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import Backend, assert_close
 from hypothesis import given
 from hypothesis import strategies as st
 
 import anyrope
+
+from harness import Backend, assert_close
 
 PAIRS = [("half", "interleaved"), ("interleaved", "half")]
 

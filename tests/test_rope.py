@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
-import oracle
 import pytest
-from harness import Backend, assert_close
 from hypothesis import given
 from hypothesis import strategies as st
 
 import anyrope
+
+import oracle
+from harness import Backend, assert_close
 
 LAYOUTS = ["half", "interleaved"]
 

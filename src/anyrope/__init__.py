@@ -7,8 +7,9 @@ device and dtype. No array library is imported until an array of it arrives.
 
 from __future__ import annotations
 
-from . import reference
+from . import analysis, reference, scaling
 from ._layout import LAYOUTS, permute_qk_weight, to_layout
+from ._rerotate import rerotate
 from ._rope import RoPE
 from ._rotate import apply
 from ._sinusoidal import sinusoidal
@@ -21,9 +22,12 @@ __all__ = [
     "RoPE",
     "TableCache",
     "__version__",
+    "analysis",
     "apply",
     "permute_qk_weight",
     "reference",
+    "rerotate",
+    "scaling",
     "sinusoidal",
     "table_cache",
     "to_layout",

@@ -9,7 +9,8 @@ from ._compat import array_namespace, compute_dtype, device_of, materialize
 from ._layout import Layout, check_rotary_dim, normalize_layout
 from ._positions import as_index_array, is_array, plain_offset
 from ._rotate import check_input, normalize_seq_axis, rotate
-from ._tables import cache_key, cos_sin, default_inv_freq, table_cache
+from ._tables import cache_key, cos_sin, table_cache
+from .scaling import Scaling
 
 __all__ = ["RoPE"]
 
@@ -47,10 +48,12 @@ class RoPE:
     layout : str
         "half" (pairs i, i + r/2: GPT-NeoX, Hugging Face) or "interleaved" (pairs 2i, 2i + 1:
         RoFormer, GPT-J, Meta), or the aliases "neox", "hf", "gptj", "meta".
-    scaling : None
-        Long-context scaling; None is plain RoPE.
+    scaling : anyrope.scaling.Scaling, optional
+        Long-context scaling (``Linear``, ``NTKAware``, ``DynamicNTK``, ``YaRN``, ``Llama3``,
+        ``LongRoPE``, ``Proportional``, ``MaxLengthAware``); None is plain RoPE.
     max_position : int, optional
-        The longest context expected; tables for it are built on first use.
+        The longest context the model supports (``max_position_embeddings``): tables for it are
+        built on first use, and scaling methods that derive defaults from it read it.
 
     Examples
     --------
@@ -65,7 +68,16 @@ class RoPE:
     True
     """
 
-    __slots__ = ("_base", "_freqs", "_head_dim", "_layout", "_max_position", "_rotary_dim", "_scaling")
+    __slots__ = (
+        "_base",
+        "_by_length",
+        "_freqs",
+        "_head_dim",
+        "_layout",
+        "_max_position",
+        "_rotary_dim",
+        "_scaling",
+    )
 
     def __init__(
         self,
@@ -94,41 +106,132 @@ class RoPE:
             isinstance(max_position, bool) or not isinstance(max_position, int) or max_position <= 0
         ):
             raise ValueError(f"max_position={max_position!r} must be a positive int or None")
-        if scaling is not None:
-            raise ValueError(
-                f"scaling={scaling!r} is not supported by this version of anyrope; pass scaling=None "
-                "for plain RoPE"
+        if scaling is not None and not isinstance(scaling, Scaling):
+            raise TypeError(
+                f"scaling must be None or a method from anyrope.scaling (Linear, NTKAware, DynamicNTK, "
+                f"YaRN, Llama3, LongRoPE, Proportional, MaxLengthAware), not {scaling!r}; for a model's "
+                "config use RoPE.from_hf_config"
             )
         self._head_dim = head_dim
         self._rotary_dim = rotary_dim
         self._base = float(base)
         self._layout: Layout = normalize_layout(layout)
-        self._scaling = scaling
         self._max_position = max_position
-        self._freqs = _Frequencies(default_inv_freq(rotary_dim, self._base), 1.0)
+        self._scaling: Scaling = scaling if scaling is not None else Scaling()
+        self._by_length: dict[int, _Frequencies] = {}
+        self._freqs = self._compute(None)
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, layout: str = "half", layer_type: str | None = None) -> RoPE:
+        """The RoPE a Hugging Face model was trained with, from its config.
+
+        Parameters
+        ----------
+        config : dict or transformers config
+            A ``config.json`` as a dict, or a ``transformers.PretrainedConfig``. Read: ``head_dim``
+            (or ``hidden_size / num_attention_heads``), ``partial_rotary_factor``, ``rope_theta``,
+            ``rope_scaling`` (old, with ``type`` or ``rope_type``) or ``rope_parameters`` (v5),
+            ``max_position_embeddings`` and a top-level ``original_max_position_embeddings``.
+        layout : str
+            transformers' models rotate in the "half" layout; say "interleaved" for a checkpoint
+            kept in Meta's layout.
+        layer_type : str, optional
+            For configs with RoPE parameters per layer type (e.g. "full_attention").
+
+        Raises
+        ------
+        ValueError
+            For a ``rope_type`` anyrope does not implement, naming it.
+
+        Examples
+        --------
+        >>> import anyrope
+        >>> rope = anyrope.RoPE.from_hf_config({
+        ...     "hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 500000.0,
+        ...     "max_position_embeddings": 131072,
+        ...     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        ...                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})
+        >>> rope.head_dim, rope.base, type(rope.scaling).__name__
+        (128, 500000.0, 'Llama3')
+        """
+        from ._hf import parse_hf_config
+
+        return cls(layout=layout, **parse_hf_config(config, layer_type=layer_type))
 
     head_dim = property(lambda self: self._head_dim, doc="Features per head.")
     rotary_dim = property(lambda self: self._rotary_dim, doc="Rotated features per head.")
     base = property(lambda self: self._base, doc="The frequency base.")
     layout = property(lambda self: self._layout, doc='The canonical layout, "half" or "interleaved".')
-    scaling = property(lambda self: self._scaling, doc="The long-context scaling, or None.")
+
+    @property
+    def scaling(self) -> Scaling | None:
+        """The long-context scaling, or None for plain RoPE."""
+        return None if type(self._scaling) is Scaling else self._scaling
+
     max_position = property(lambda self: self._max_position, doc="The expected longest context, or None.")
 
     @property
     def inv_freq(self) -> tuple[float, ...]:
-        """Radians per position of each pair, as float64 Python floats (``rotary_dim // 2`` of them)."""
+        """Radians per position of each pair, as float64 Python floats (``rotary_dim // 2`` of them).
+
+        For methods that change with the sequence (``DynamicNTK``, ``LongRoPE``) these are the
+        frequencies within the original context; see :meth:`inv_freq_at`.
+        """
         return self._freqs.inv_freq
+
+    def inv_freq_at(self, seq_len: int) -> tuple[float, ...]:
+        """The frequencies used for a sequence of ``seq_len`` positions (``max(positions) + 1``)."""
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
+            raise ValueError(f"seq_len={seq_len!r} must be a non-negative int")
+        return self._at(seq_len).inv_freq
 
     @property
     def attention_scaling(self) -> float:
-        """The factor the tables (and so the rotated q and k) carry; 1.0 without scaling."""
+        """The factor the tables, and so the rotated q and k, carry (logits scale by its square).
+
+        1.0 for plain RoPE; YaRN's and LongRoPE's attention factors otherwise, as in transformers.
+        """
         return self._freqs.scale
+
+    def _compute(self, seq_len: int | None) -> _Frequencies:
+        inv_freq, scale = self._scaling.frequencies(
+            self._rotary_dim, self._base, seq_len=seq_len, max_position=self._max_position
+        )
+        return _Frequencies(tuple(float(f) for f in inv_freq), float(scale))
+
+    def _at(self, seq_len: int | None) -> _Frequencies:
+        """Frequencies for a sequence length; the same object for every length that shares them."""
+        if seq_len is None or not self._scaling.length_dependent:
+            return self._freqs
+        found = self._by_length.get(seq_len)
+        if found is None:
+            found = self._compute(seq_len)
+            if found == self._freqs:
+                found = self._freqs
+            if len(self._by_length) >= 256:  # decoding under DynamicNTK meets every length once
+                self._by_length.clear()
+            self._by_length[seq_len] = found
+        return found
+
+    def _length(self, xp: Any, where: tuple[str, Any], seqs: list[int]) -> int | None:
+        """``max(positions) + 1`` where the frequencies depend on it (a device sync for arrays)."""
+        if not self._scaling.length_dependent:
+            return None
+        kind, value = where
+        if kind == "offset":
+            return int(value) + max(seqs)
+        if math.prod(value.shape) == 0:
+            return None
+        top = int(xp.max(value))
+        return top + (max(seqs) if kind == "rows" else 1)
 
     def __repr__(self) -> str:
         parts = [f"{self._head_dim}", f"base={self._base!r}"]
         if self._rotary_dim != self._head_dim:
             parts.append(f"rotary_dim={self._rotary_dim}")
         parts.append(f"layout={self._layout!r}")
+        if self.scaling is not None:
+            parts.append(f"scaling={self.scaling!r}")
         if self._max_position is not None:
             parts.append(f"max_position={self._max_position}")
         return f"RoPE({', '.join(parts)})"
@@ -144,28 +247,28 @@ class RoPE:
             raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
         device = device_of(xp, like)
         positions = as_index_array(xp, positions, device=device, arg="positions", ndims=None)
-        return self._tables(xp, positions, like.dtype, device)
+        freqs = self._at(self._length(xp, ("positions", positions), [1]))
+        return _tables(xp, positions, freqs, like.dtype, device)
 
-    def _tables(self, xp: Any, positions: Any, dtype: Any, device: Any) -> tuple[Any, Any]:
-        freqs = self._freqs
-        return cos_sin(xp, positions, freqs.inv_freq, dtype=dtype, device=device, scale=freqs.scale)
-
-    def _range_tables(self, xp: Any, start: int, length: int, dtype: Any, device: Any) -> tuple[Any, Any]:
+    def _range_tables(
+        self, xp: Any, freqs: _Frequencies, start: int, length: int, dtype: Any, device: Any
+    ) -> tuple[Any, Any]:
         """Rows start .. start + length - 1, sliced from the cached prefix table where it fits."""
-        row_bytes = self._rotary_dim * (xp.finfo(dtype).bits // 8)
 
         def build(n: int) -> tuple[Any, Any]:
-            cos, sin = self._tables(xp, xp.arange(n, dtype=xp.int64, device=device), dtype, device)
+            cos, sin = _tables(xp, xp.arange(n, dtype=xp.int64, device=device), freqs, dtype, device)
             materialize(xp, cos, sin)  # the cache shares them across threads
             return cos, sin
 
-        key = cache_key(xp, device, dtype, self._freqs)
-        cached = table_cache.prefix(
-            key, start + length, build, row_bytes=row_bytes, hint=self._max_position or 0
-        )
+        cached = None
+        if freqs is self._freqs or not self._scaling.continuous:
+            row_bytes = self._rotary_dim * (xp.finfo(dtype).bits // 8)
+            key = cache_key(xp, device, dtype, freqs)
+            hint = self._max_position or 0
+            cached = table_cache.prefix(key, start + length, build, row_bytes=row_bytes, hint=hint)
         if cached is None:
             rows = xp.arange(start, start + length, dtype=xp.int64, device=device)
-            return self._tables(xp, rows, dtype, device)
+            return _tables(xp, rows, freqs, dtype, device)
         cos, sin = cached
         return cos[start : start + length, ...], sin[start : start + length, ...]
 
@@ -221,18 +324,22 @@ class RoPE:
                 where = ("rows", as_index_array(xp, offset, device=device, arg="offset", ndims=(1,)))
             else:
                 where = ("offset", start)
-        q_out = self._rotate(xp, q, "q", where, seq_axis, device)
-        if k is None:
-            return q_out
-        return q_out, self._rotate(xp, k, "k", where, seq_axis, device)
+        named_arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
+        axes = [normalize_seq_axis(seq_axis, x.ndim, arg=arg) for arg, x in named_arrays]
+        seqs = [x.shape[axis] for (_, x), axis in zip(named_arrays, axes, strict=True)]
+        freqs = self._at(self._length(xp, where, seqs))
+        pairs = zip(named_arrays, axes, strict=True)
+        out = [self._rotate(xp, x, arg, where, axis, device, freqs) for (arg, x), axis in pairs]
+        return out[0] if k is None else (out[0], out[1])
 
-    def _rotate(self, xp: Any, x: Any, arg: str, where: tuple[str, Any], seq_axis: int, device: Any) -> Any:
-        axis = normalize_seq_axis(seq_axis, x.ndim, arg=arg)
+    def _rotate(
+        self, xp: Any, x: Any, arg: str, where: tuple[str, Any], axis: int, device: Any, freqs: _Frequencies
+    ) -> Any:
         seq = x.shape[axis]
         dtype = compute_dtype(xp, x.dtype)
         kind, value = where
         if kind == "offset":
-            cos, sin = self._range_tables(xp, value, seq, dtype, device)
+            cos, sin = self._range_tables(xp, freqs, value, seq, dtype, device)
         else:
             if kind == "rows":
                 _check_batch(x, arg, axis, value.shape[0], "offset")
@@ -241,12 +348,16 @@ class RoPE:
                 if value.shape[-1] != seq:
                     raise ValueError(
                         f"positions has {value.shape[-1]} entries per row but {arg} has {seq} "
-                        f"positions along seq_axis={seq_axis}"
+                        f"positions along its sequence axis ({axis})"
                     )
                 if value.ndim == 2:
                     _check_batch(x, arg, axis, value.shape[0], "positions")
-            cos, sin = self._tables(xp, value, dtype, device)
+            cos, sin = _tables(xp, value, freqs, dtype, device)
         return rotate(xp, x, cos, sin, layout=self._layout, inverse=False, seq_axis=axis)
+
+
+def _tables(xp: Any, positions: Any, freqs: _Frequencies, dtype: Any, device: Any) -> tuple[Any, Any]:
+    return cos_sin(xp, positions, freqs.inv_freq, dtype=dtype, device=device, scale=freqs.scale)
 
 
 def _check_batch(x: Any, arg: str, axis: int, batch: int, source: str) -> None:
