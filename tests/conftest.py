@@ -11,8 +11,9 @@ import os
 from typing import Any
 
 import pytest
-from harness import SPECS, Backend, default_ids, make_backend, target_ids
 from hypothesis import HealthCheck, settings
+
+from harness import SPECS, Backend, default_ids, make_backend, target_ids
 
 settings.register_profile(
     "default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]

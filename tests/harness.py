@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from oracle import TOLERANCE
 
 if sys.version_info >= (3, 11):
