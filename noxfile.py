@@ -4,6 +4,7 @@ nox                       # lint and the tests of every CPU backend
 nox -s tests-torch        # one backend (torch also runs on CUDA when a GPU is present)
 nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
 nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
+nox -s peers              # anyrope against transformers, rotary-embedding-torch, mlx.fast.rope (not by default)
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _tests(session: nox.Session, name: str) -> None:
     session.install(".")
     # Extra devices (torch-cuda) are requested too; the suite skips them, saying why, if absent.
     ids = [name, *(f"{name}-{device}" for device in backend["devices"][1:])]
-    session.run("pytest", *(f"--backend={i}" for i in ids), *session.posargs)
+    # tests/peers compares against other libraries and has a session of its own, "peers".
+    session.run("pytest", "--ignore=tests/peers", *(f"--backend={i}" for i in ids), *session.posargs)
 
 
 for _name in BACKENDS:
@@ -53,6 +55,28 @@ for _name in BACKENDS:
 
     _session.__doc__ = f"Conformance suite on {_name}."
     nox.session(name=f"tests-{_name}")(_session)
+
+
+# The peers' own packages, plus torch and mlx exactly as their backends/ folders install them
+# (torch pinned there); mlx's tests skip, saying why, where it does not install.
+PEERS = [
+    "transformers>=4.57",
+    "rotary-embedding-torch>=0.9",
+    *BACKENDS["torch"]["install"],
+    *BACKENDS["mlx"]["install"],
+]
+
+
+@nox.session
+def peers(session: nox.Session) -> None:
+    """anyrope against other implementations (tests/peers); not run by default.
+
+    Hugging Face transformers on real models' configs, rotary-embedding-torch, Meta's complex-number
+    RoPE, and mlx.core.fast.rope.
+    """
+    session.install(*nox.project.dependency_groups(PYPROJECT, "test"), *PEERS)
+    session.install(".")
+    session.run("pytest", "tests/peers", *session.posargs)
 
 
 @nox.session

@@ -181,6 +181,25 @@ def test_nested_layer_types() -> None:
 def test_layout_is_half_unless_told() -> None:
     assert anyrope.RoPE.from_hf_config(LLAMA3).layout == "half"
     assert anyrope.RoPE.from_hf_config(LLAMA3, layout="meta").layout == "interleaved"
+    deepseek = {**LLAMA3, "rope_interleave": True}
+    assert anyrope.RoPE.from_hf_config(deepseek).layout == "interleaved"
+    assert anyrope.RoPE.from_hf_config(deepseek, layout="half").layout == "half"
+    # DeepSeek-V3's config.json omits the key; its transformers config defaults it to True.
+    assert anyrope.RoPE.from_hf_config({**LLAMA3, "model_type": "deepseek_v3"}).layout == "interleaved"
+    assert (
+        anyrope.RoPE.from_hf_config({**LLAMA3, "model_type": "deepseek_v3", "rope_interleave": False}).layout
+        == "half"
+    )
+
+
+def test_deepseek_rotates_the_qk_rope_slice() -> None:
+    config = {
+        "hidden_size": 7168,
+        "num_attention_heads": 128,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+    }
+    assert anyrope.RoPE.from_hf_config(config).head_dim == 64
 
 
 @pytest.mark.parametrize(

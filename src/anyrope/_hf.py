@@ -15,6 +15,8 @@ from . import scaling as sc
 
 __all__ = ["SUPPORTED_TYPES", "parse_hf_config"]
 
+# Model types whose transformers config defaults rope_interleave to True when config.json omits it.
+_INTERLEAVED_BY_DEFAULT = ("axk1", "deepseek_v3", "glm4_moe_lite", "mistral4", "youtu")
 SUPPORTED_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 _USES_ORIGINAL = ("llama3", "yarn", "longrope")
 
@@ -53,6 +55,11 @@ def _rope_parameters(cfg: dict[str, Any], layer_type: str | None) -> dict[str, A
     return dict(params)
 
 
+def _interleaved(cfg: Mapping[str, Any]) -> bool:
+    flag = cfg.get("rope_interleave")
+    return bool(flag) if flag is not None else cfg.get("model_type") in _INTERLEAVED_BY_DEFAULT
+
+
 def _required(params: Mapping[str, Any], key: str, rope_type: str, kind: type = float) -> Any:
     value = params.get(key)
     if value is None:
@@ -61,7 +68,7 @@ def _required(params: Mapping[str, Any], key: str, rope_type: str, kind: type = 
 
 
 def parse_hf_config(config: Any, *, layer_type: str | None = None) -> dict[str, Any]:
-    """The keyword arguments of :class:`~anyrope.RoPE` that ``config`` describes (layout aside)."""
+    """The keyword arguments of :class:`~anyrope.RoPE` that ``config`` describes."""
     cfg = _as_dict(config)
     params = _rope_parameters(cfg, layer_type)
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
@@ -73,7 +80,8 @@ def parse_hf_config(config: Any, *, layer_type: str | None = None) -> dict[str, 
             f"rope_type={rope_type!r} is not supported{hint}; anyrope reads {', '.join(SUPPORTED_TYPES)}"
         )
 
-    head_dim = cfg.get("head_dim")
+    # DeepSeek's multi-head latent attention rotates only a qk_rope_head_dim slice of each head.
+    head_dim = cfg.get("qk_rope_head_dim") or cfg.get("head_dim")
     if not head_dim:
         try:
             head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -138,6 +146,7 @@ def parse_hf_config(config: Any, *, layer_type: str | None = None) -> dict[str, 
         method = sc.Proportional(partial, float(params.get("factor", 1.0)))
         rotary_dim = int(head_dim)
     return {
+        "layout": "interleaved" if _interleaved(cfg) else "half",
         "head_dim": int(head_dim),
         "base": base,
         "rotary_dim": rotary_dim,

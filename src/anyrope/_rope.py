@@ -122,19 +122,21 @@ class RoPE:
         self._freqs = self._compute(None)
 
     @classmethod
-    def from_hf_config(cls, config: Any, *, layout: str = "half", layer_type: str | None = None) -> RoPE:
+    def from_hf_config(cls, config: Any, *, layout: str | None = None, layer_type: str | None = None) -> RoPE:
         """The RoPE a Hugging Face model was trained with, from its config.
 
         Parameters
         ----------
         config : dict or transformers config
-            A ``config.json`` as a dict, or a ``transformers.PretrainedConfig``. Read: ``head_dim``
-            (or ``hidden_size / num_attention_heads``), ``partial_rotary_factor``, ``rope_theta``,
+            A ``config.json`` as a dict, or a ``transformers.PretrainedConfig``. Read:
+            ``qk_rope_head_dim`` (DeepSeek) or ``head_dim`` (or ``hidden_size / num_attention_heads``),
+            ``partial_rotary_factor``, ``rope_theta``,
             ``rope_scaling`` (old, with ``type`` or ``rope_type``) or ``rope_parameters`` (v5),
             ``max_position_embeddings`` and a top-level ``original_max_position_embeddings``.
-        layout : str
-            transformers' models rotate in the "half" layout; say "interleaved" for a checkpoint
-            kept in Meta's layout.
+        layout : str, optional
+            transformers' models rotate in the "half" layout, which is the default unless the
+            config sets ``rope_interleave`` (DeepSeek); say "interleaved" for a checkpoint kept
+            in Meta's layout.
         layer_type : str, optional
             For configs with RoPE parameters per layer type (e.g. "full_attention").
 
@@ -156,7 +158,10 @@ class RoPE:
         """
         from ._hf import parse_hf_config
 
-        return cls(layout=layout, **parse_hf_config(config, layer_type=layer_type))
+        kwargs = parse_hf_config(config, layer_type=layer_type)
+        if layout is not None:
+            kwargs["layout"] = layout
+        return cls(**kwargs)
 
     head_dim = property(lambda self: self._head_dim, doc="Features per head.")
     rotary_dim = property(lambda self: self._rotary_dim, doc="Rotated features per head.")
