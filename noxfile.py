@@ -5,6 +5,7 @@ nox -s tests-torch        # one backend (torch also runs on CUDA when a GPU is p
 nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
 nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
 nox -s peers              # anyrope against transformers, rotary-embedding-torch, mlx.fast.rope (not by default)
+nox -s bench -- --quick   # time anyrope against a copy and the peers, into bench-results/ (not by default)
 """
 
 from __future__ import annotations
@@ -42,8 +43,14 @@ def _tests(session: nox.Session, name: str) -> None:
         session.skip(f"{name} needs an NVIDIA GPU and this machine has none (no nvidia-smi, no /dev/nvidia0)")
     session.install(*nox.project.dependency_groups(PYPROJECT, "test"), *backend["install"])
     session.install(".")
-    # Extra devices (torch-cuda) are requested too; the suite skips them, saying why, if absent.
-    ids = [name, *(f"{name}-{device}" for device in backend["devices"][1:])]
+    ids = [name]
+    for device in backend["devices"][1:]:  # e.g. torch-cuda, where the backend's probe finds one
+        probe = backend.get("probe", {}).get(device)
+        found = probe is not None and "True" in (session.run("python", "-c", probe, silent=True) or "")
+        if found:
+            ids.append(f"{name}-{device}")
+        else:
+            session.log(f"{name}-{device}: not tested, no {device} device here")
     # tests/peers compares against other libraries and has a session of its own, "peers".
     session.run("pytest", "--ignore=tests/peers", *(f"--backend={i}" for i in ids), *session.posargs)
 
@@ -77,6 +84,24 @@ def peers(session: nox.Session) -> None:
     session.install(*nox.project.dependency_groups(PYPROJECT, "test"), *PEERS)
     session.install(".")
     session.run("pytest", "tests/peers", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """python -m anyrope bench: medians and ratios to a copy and to the peers; not run by default.
+
+    Installs NumPy, torch and mlx as their backends/ folders do, and the "bench" dependency group
+    (numba for the fast paths, matplotlib for the plot, the peers). Arguments after -- go to the
+    command, e.g. ``nox -s bench -- --quick`` or ``-- --backend torch``. Writes bench-results/.
+    """
+    session.install(
+        *nox.project.dependency_groups(PYPROJECT, "bench"),
+        *BACKENDS["numpy"]["install"],
+        *BACKENDS["torch"]["install"],
+        *BACKENDS["mlx"]["install"],
+    )
+    session.install(".")
+    session.run("python", "-m", "anyrope", "bench", "--out", "bench-results", *session.posargs)
 
 
 @nox.session

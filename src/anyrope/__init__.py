@@ -8,6 +8,7 @@ device and dtype. No array library is imported until an array of it arrives.
 from __future__ import annotations
 
 from . import analysis, reference, scaling
+from ._fast import use_fast_paths
 from ._layout import LAYOUTS, permute_qk_weight, to_layout
 from ._rerotate import rerotate
 from ._rope import RoPE
@@ -31,4 +32,5 @@ __all__ = [
     "sinusoidal",
     "table_cache",
     "to_layout",
+    "use_fast_paths",
 ]

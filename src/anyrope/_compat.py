@@ -20,9 +20,15 @@ __all__ = [
     "compute_dtype",
     "device_of",
     "float64_scope",
+    "isdtype",
     "library_name",
     "materialize",
+    "take_rows",
 ]
+
+
+def is_mlx_namespace(xp: Any) -> bool:
+    return isinstance(xp, _MLXNamespace)
 
 
 def library_name(xp: Any) -> str:
@@ -35,43 +41,58 @@ def library_name(xp: Any) -> str:
     return name
 
 
+# An array's namespace depends only on its type: look each type up once. This keeps dispatch
+# to a dict lookup on the decode path, where array-api-compat's general checks cost 10 us each.
+_by_type: dict[type, tuple[Any, str]] = {}
+
+
+def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
+    kind = type(value)
+    found = _by_type.get(kind)
+    if found is None:
+        try:
+            xp = array_api_compat.array_namespace(value)
+        except TypeError:
+            raise TypeError(
+                f"{arg} must be an array of a supported library (NumPy, PyTorch, CuPy, MLX or any "
+                f"array-API library), not {kind.__name__}"
+            ) from None
+        lib = library_name(xp)
+        found = (_mlx_namespace(xp) if lib == "mlx" else xp, lib)
+        if not array_api_compat.is_dask_namespace(xp):  # dask's namespace follows its chunk type
+            _by_type[kind] = found
+    return found
+
+
 def array_namespace(**named: Any) -> Any:
     """The namespace shared by the named arrays; ``None`` values are ignored.
 
     The keyword names are the caller's argument names, so a mismatch can say which argument
     came from which library.
     """
-    found: dict[str, tuple[Any, str]] = {}
+    first: tuple[str, Any, str] | None = None
     for arg, value in named.items():
         if value is None:
             continue
-        try:
-            xp = array_api_compat.array_namespace(value)
-        except TypeError:
+        xp, lib = _namespace_of(arg, value)
+        if first is None:
+            first = (arg, xp, lib)
+        elif lib != first[2]:
             raise TypeError(
-                f"{arg} must be an array of a supported library (NumPy, PyTorch, CuPy, MLX or any "
-                f"array-API library), not {type(value).__name__}"
-            ) from None
-        found[arg] = (xp, library_name(xp))
-    if not found:
-        raise TypeError("no array was given")
-    (first_arg, (xp, first_lib)), *rest = found.items()
-    for arg, (_, lib) in rest:
-        if lib != first_lib:
-            raise TypeError(
-                f"{first_arg} is a {first_lib} array but {arg} is a {lib} array; pass arrays "
-                f"of one library (convert with {first_lib}'s asarray or from_dlpack)"
+                f"{first[0]} is a {first[2]} array but {arg} is a {lib} array; pass arrays "
+                f"of one library (convert with {first[2]}'s asarray or from_dlpack)"
             )
-    if first_lib == "mlx":
-        return _mlx_namespace(xp)
-    return xp
+    if first is None:
+        raise TypeError("no array was given")
+    return first[1]
 
 
 def device_of(xp: Any, x: Any) -> Any:
-    """The device of ``x``; MLX arrays live in unified memory, so the default device stands in."""
+    """The device of ``x``; MLX arrays live in unified memory, so the default device's name stands in."""
     if isinstance(xp, _MLXNamespace):
-        return xp.default_device()
-    return array_api_compat.device(x)
+        return str(xp.default_device())  # a fresh Device object each call: keep a stable label
+    device = getattr(x, "device", None)  # the standard's attribute; NumPy < 2 lacks it
+    return device if device is not None else array_api_compat.device(x)
 
 
 def float64_scope(xp: Any, device: Any) -> contextlib.AbstractContextManager[None] | None:
@@ -103,6 +124,30 @@ def materialize(xp: Any, *arrays: Any) -> None:
     and one graph evaluated from several threads at once gives wrong values)."""
     if isinstance(xp, _MLXNamespace):
         xp.eval(*arrays)
+
+
+def take_rows(xp: Any, table: Any, indices: Any) -> Any:
+    """``xp.take(table, indices, axis=0)`` for non-negative indices.
+
+    array-api-compat's torch ``take`` also wraps negative indices, which costs a third of a
+    decode step; positions are never negative, so torch gets ``index_select`` directly.
+    """
+    if array_api_compat.is_torch_namespace(xp):
+        return table.index_select(0, indices)
+    return xp.take(table, indices, axis=0)
+
+
+_kinds: dict[tuple[type, Any, str], bool] = {}
+
+
+def isdtype(xp: Any, dtype: Any, kind: str) -> bool:
+    """``xp.isdtype`` remembered per dtype: a dtype's kind never changes, and the per-call cost
+    of array-api-compat's version shows on the decode path."""
+    key = (type(dtype), dtype, kind)  # the type first: dtypes of two libraries are never compared
+    found = _kinds.get(key)
+    if found is None:
+        found = _kinds[key] = bool(xp.isdtype(dtype, kind))
+    return found
 
 
 def compute_dtype(xp: Any, dtype: Any) -> Any:

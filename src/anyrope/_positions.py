@@ -9,6 +9,8 @@ from typing import Any
 
 import array_api_compat
 
+from ._compat import isdtype
+
 __all__ = ["as_index_array", "is_array", "plain_offset"]
 
 
@@ -33,7 +35,7 @@ def as_index_array(xp: Any, value: Any, *, device: Any, arg: str, ndims: Sequenc
         if len({len(row) if isinstance(row, Sequence) else -1 for row in _rows(value)}) > 1:
             raise ValueError(f"{arg} must be rectangular: every row needs the same length")
         value = xp.asarray(value, dtype=xp.int64, device=device)
-    elif not xp.isdtype(value.dtype, "integral"):
+    elif not isdtype(xp, value.dtype, "integral"):
         raise TypeError(
             f"{arg} must be an integer array, got dtype {value.dtype}; positions count tokens, "
             "so cast them to int64 (fractional positions come from scaling=, not from here)"
@@ -41,7 +43,7 @@ def as_index_array(xp: Any, value: Any, *, device: Any, arg: str, ndims: Sequenc
     if ndims is not None and value.ndim not in ndims:
         wanted = " or ".join(f"{n}-d" for n in ndims)
         raise ValueError(f"{arg} must be {wanted}, got shape {tuple(value.shape)}")
-    if math.prod(value.shape) and bool(xp.any(value < 0)):
+    if math.prod(value.shape) and int(xp.min(value)) < 0:  # min: a third of any's cost on torch
         raise ValueError(f"{arg} must be non-negative; got a negative entry")
     return value
 

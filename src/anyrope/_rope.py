@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._compat import array_namespace, compute_dtype, device_of, materialize
+from ._compat import array_namespace, compute_dtype, device_of, isdtype, materialize, take_rows
+from ._fast import fast_paths_enabled
+from ._fast.cpu_positions import rotate_at
 from ._layout import Layout, check_rotary_dim, normalize_layout
 from ._positions import as_index_array, is_array, plain_offset
-from ._rotate import check_input, normalize_seq_axis, rotate
+from ._rotate import check_input, check_out, normalize_seq_axis, rotate
 from ._tables import cache_key, cos_sin, table_cache
 from .scaling import Scaling
 
@@ -248,34 +250,56 @@ class RoPE:
         Angles are formed in float64 and only the final values are cast.
         """
         xp = array_namespace(like=like, positions=positions if is_array(positions) else None)
-        if not xp.isdtype(like.dtype, "real floating"):
+        if not isdtype(xp, like.dtype, "real floating"):
             raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
         device = device_of(xp, like)
         positions = as_index_array(xp, positions, device=device, arg="positions", ndims=None)
         freqs = self._at(self._length(xp, ("positions", positions), [1]))
         return _tables(xp, positions, freqs, like.dtype, device)
 
-    def _range_tables(
-        self, xp: Any, freqs: _Frequencies, start: int, length: int, dtype: Any, device: Any
-    ) -> tuple[Any, Any]:
-        """Rows start .. start + length - 1, sliced from the cached prefix table where it fits."""
+    def _prefix(
+        self, xp: Any, freqs: _Frequencies, length: int, dtype: Any, device: Any
+    ) -> tuple[Any, Any] | None:
+        """Cached tables for positions 0 .. length - 1 or more, or None where none are kept."""
+        if freqs is not self._freqs and self._scaling.continuous:
+            return None  # DynamicNTK past the original length: new frequencies at every length
 
         def build(n: int) -> tuple[Any, Any]:
             cos, sin = _tables(xp, xp.arange(n, dtype=xp.int64, device=device), freqs, dtype, device)
             materialize(xp, cos, sin)  # the cache shares them across threads
             return cos, sin
 
-        cached = None
-        if freqs is self._freqs or not self._scaling.continuous:
-            row_bytes = self._rotary_dim * (xp.finfo(dtype).bits // 8)
-            key = cache_key(xp, device, dtype, freqs)
-            hint = self._max_position or 0
-            cached = table_cache.prefix(key, start + length, build, row_bytes=row_bytes, hint=hint)
+        row_bytes = self._rotary_dim * _itemsize(xp, dtype)
+        key = cache_key(xp, device, dtype, freqs)
+        hint = self._max_position or 0
+        return table_cache.prefix(key, length, build, row_bytes=row_bytes, hint=hint)
+
+    def _range_tables(
+        self, xp: Any, freqs: _Frequencies, start: int, length: int, dtype: Any, device: Any
+    ) -> tuple[Any, Any]:
+        """Rows start .. start + length - 1, sliced from the cached prefix table where it fits."""
+        cached = self._prefix(xp, freqs, start + length, dtype, device)
         if cached is None:
             rows = xp.arange(start, start + length, dtype=xp.int64, device=device)
             return _tables(xp, rows, freqs, dtype, device)
         cos, sin = cached
         return cos[start : start + length, ...], sin[start : start + length, ...]
+
+    def _gathered_tables(
+        self, xp: Any, positions: Any, freqs: _Frequencies, dtype: Any, device: Any
+    ) -> tuple[Any, Any]:
+        """Tables for arbitrary positions: rows gathered from the cached prefix where it fits.
+
+        The cached rows are the ones a direct computation gives, so both routes agree exactly.
+        """
+        count = math.prod(positions.shape)
+        cached = self._prefix(xp, freqs, int(xp.max(positions)) + 1, dtype, device) if count else None
+        if cached is None:
+            return _tables(xp, positions, freqs, dtype, device)
+        flat = xp.reshape(positions, (count,))
+        shape = (*positions.shape, self._rotary_dim // 2)
+        cos, sin = (xp.reshape(take_rows(xp, table, flat), shape) for table in cached)
+        return cos, sin
 
     def __call__(
         self,
@@ -285,6 +309,7 @@ class RoPE:
         positions: Any = None,
         offset: Any = 0,
         seq_axis: int = -2,
+        inplace: bool = False,
     ) -> Any:
         """Rotate ``q`` (and ``k``) by their positions.
 
@@ -300,6 +325,9 @@ class RoPE:
             or one such count per batch row. Ignored when ``positions`` is given.
         seq_axis : int
             The sequence axis of q and k.
+        inplace : bool
+            Overwrite q and k with the result (NumPy, PyTorch and CuPy arrays, not ones that
+            require grad): no new memory, and no page faults for it.
 
         Returns
         -------
@@ -330,35 +358,83 @@ class RoPE:
             else:
                 where = ("offset", start)
         named_arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
+        if inplace:
+            for arg, x in named_arrays:
+                check_out(xp, x, x, arg=arg)
         axes = [normalize_seq_axis(seq_axis, x.ndim, arg=arg) for arg, x in named_arrays]
         seqs = [x.shape[axis] for (_, x), axis in zip(named_arrays, axes, strict=True)]
         freqs = self._at(self._length(xp, where, seqs))
-        pairs = zip(named_arrays, axes, strict=True)
-        out = [self._rotate(xp, x, arg, where, axis, device, freqs) for (arg, x), axis in pairs]
+        pairs = list(zip(named_arrays, axes, strict=True))
+        for (arg, x), axis in pairs:
+            _check_positions(x, arg, where, axis)
+        if fast_paths_enabled() and (freqs is self._freqs or not self._scaling.continuous):
+            dtype = compute_dtype(xp, q.dtype)
+            fused = rotate_at(
+                xp, [x for _, x in named_arrays], axes, where,
+                lambda n: self._prefix(xp, freqs, n, dtype, device), layout=self._layout, inplace=inplace,
+            )  # fmt: skip
+            if fused is not None:
+                return fused[0] if k is None else (fused[0], fused[1])
+        tables: dict[tuple[int, str], tuple[Any, Any]] = {}  # q and k usually share them
+        prepared = [self._prepare(xp, x, where, axis, device, freqs, tables) for (arg, x), axis in pairs]
+        out = [
+            rotate(
+                xp, x, cos, sin, layout=self._layout, inverse=False, seq_axis=axis, out=x if inplace else None
+            )
+            for ((_, x), axis), (cos, sin) in zip(pairs, prepared, strict=True)
+        ]
         return out[0] if k is None else (out[0], out[1])
 
-    def _rotate(
-        self, xp: Any, x: Any, arg: str, where: tuple[str, Any], axis: int, device: Any, freqs: _Frequencies
-    ) -> Any:
+    def _prepare(
+        self,
+        xp: Any,
+        x: Any,
+        where: tuple[str, Any],
+        axis: int,
+        device: Any,
+        freqs: _Frequencies,
+        tables: dict[tuple[int, str], tuple[Any, Any]],
+    ) -> tuple[Any, Any]:
+        """x's (cos, sin), shared through ``tables`` by arrays of one length and compute dtype."""
         seq = x.shape[axis]
         dtype = compute_dtype(xp, x.dtype)
         kind, value = where
-        if kind == "offset":
-            cos, sin = self._range_tables(xp, freqs, value, seq, dtype, device)
-        else:
-            if kind == "rows":
-                _check_batch(x, arg, axis, value.shape[0], "offset")
-                value = value[:, None] + xp.arange(seq, dtype=value.dtype, device=device)
+        key = (seq, str(dtype))
+        if key not in tables:
+            if kind == "offset":
+                tables[key] = self._range_tables(xp, freqs, value, seq, dtype, device)
             else:
-                if value.shape[-1] != seq:
-                    raise ValueError(
-                        f"positions has {value.shape[-1]} entries per row but {arg} has {seq} "
-                        f"positions along its sequence axis ({axis})"
-                    )
-                if value.ndim == 2:
-                    _check_batch(x, arg, axis, value.shape[0], "positions")
-            cos, sin = _tables(xp, value, freqs, dtype, device)
-        return rotate(xp, x, cos, sin, layout=self._layout, inverse=False, seq_axis=axis)
+                if kind == "rows":
+                    value = value[:, None] + xp.arange(seq, dtype=value.dtype, device=device)
+                tables[key] = self._gathered_tables(xp, value, freqs, dtype, device)
+        return tables[key]
+
+
+_itemsizes: dict[tuple[type, Any], int] = {}
+
+
+def _itemsize(xp: Any, dtype: Any) -> int:
+    key = (type(dtype), dtype)  # the type first: dtypes of two libraries are never compared
+    size = _itemsizes.get(key)
+    if size is None:
+        size = _itemsizes[key] = xp.finfo(dtype).bits // 8
+    return size
+
+
+def _check_positions(x: Any, arg: str, where: tuple[str, Any], axis: int) -> None:
+    """Per-row positions or offsets must match x's batch, and positions its sequence length."""
+    kind, value = where
+    if kind == "rows":
+        _check_batch(x, arg, axis, value.shape[0], "offset")
+    elif kind == "positions":
+        seq = x.shape[axis]
+        if value.shape[-1] != seq:
+            raise ValueError(
+                f"positions has {value.shape[-1]} entries per row but {arg} has {seq} "
+                f"positions along its sequence axis ({axis})"
+            )
+        if value.ndim == 2:
+            _check_batch(x, arg, axis, value.shape[0], "positions")
 
 
 def _tables(xp: Any, positions: Any, freqs: _Frequencies, dtype: Any, device: Any) -> tuple[Any, Any]:

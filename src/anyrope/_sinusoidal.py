@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._compat import array_namespace, device_of
+from ._compat import array_namespace, device_of, isdtype
 from ._positions import as_index_array
 from ._tables import cos_sin, default_inv_freq
 
@@ -44,7 +44,7 @@ def sinusoidal(positions: Any, dim: int, *, base: float = 10000.0, dtype: Any = 
     if not base > 0:
         raise ValueError(f"base={base!r} must be positive")
     dtype = xp.float32 if dtype is None else dtype
-    if not xp.isdtype(dtype, "real floating"):
+    if not isdtype(xp, dtype, "real floating"):
         raise TypeError(f"dtype must be a real floating dtype, got {dtype}")
     device = device_of(xp, positions)
     positions = as_index_array(xp, positions, device=device, arg="positions", ndims=None)

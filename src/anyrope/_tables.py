@@ -188,4 +188,14 @@ table_cache = TableCache()
 
 
 def cache_key(xp: Any, device: Any, dtype: Any, frequencies: Hashable) -> Hashable:
-    return (frequencies, library_name(xp), str(device), str(dtype))
+    """Which table: frequencies, library, device, dtype (as themselves where hashable: str() of
+    each would cost more than the rest of a decode step's lookup)."""
+    return (frequencies, library_name(xp), _hashable(device), _hashable(dtype))
+
+
+def _hashable(value: Any) -> Hashable:
+    try:
+        hash(value)
+    except TypeError:
+        return str(value)
+    return value  # type: ignore[no-any-return]

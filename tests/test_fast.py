@@ -1,0 +1,164 @@
+"""Every fast path is held to the generic array-API result, and in-place rotation is exact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import anyrope
+from anyrope._fast import _kernels
+
+from harness import Backend, assert_close
+
+LAYOUTS = ["half", "interleaved"]
+# (x shape, seq_axis, rotary_dim, per-row positions?)
+SHAPES = [
+    ((2, 4, 9, 16), -2, 16, False),
+    ((2, 4, 9, 16), -2, 10, True),
+    ((2, 9, 3, 16), -3, 16, True),
+    ((9, 16), -2, 6, False),
+    ((3, 1, 1, 32), -2, 32, True),  # a decode step
+]
+
+
+@pytest.fixture(params=["with numba", "without numba"])
+def jit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run NumPy's and torch's paths with the numba kernel and with the pure fallbacks."""
+    if request.param == "with numba" and not _kernels.available():
+        pytest.skip("numba is not installed")
+    if request.param == "without numba":
+        monkeypatch.setattr(_kernels, "available", lambda: False)
+    return request.param
+
+
+def _positions(backend: Backend, shape: tuple[int, ...], seq_axis: int, per_row: bool) -> Any:
+    seq = shape[seq_axis]
+    if per_row:
+        return backend.asarray(np.array([[5 * b + s for s in range(seq)] for b in range(shape[0])]))
+    return backend.asarray(np.arange(100, 100 + seq))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("shape", "seq_axis", "rotary_dim", "per_row"), SHAPES)
+def test_fast_path_matches_generic(
+    backend: Backend,
+    jit: str,
+    layout: str,
+    shape: tuple[int, ...],
+    seq_axis: int,
+    rotary_dim: int,
+    per_row: bool,
+) -> None:
+    if per_row and len(shape) + seq_axis < 1:
+        pytest.skip("per-row positions need a batch axis")
+    rope = anyrope.RoPE(shape[-1], rotary_dim=rotary_dim, layout=layout)
+    positions = _positions(backend, shape, seq_axis, per_row)
+    for dtype in backend.dtypes:
+        x = backend.asarray(np.random.default_rng(0).standard_normal(shape), dtype)
+        cos, sin = rope.cos_sin(
+            positions, like=backend.asarray(np.zeros(1), "float64" if dtype == "float64" else "float32")
+        )
+        for inverse in (False, True):
+            fast = anyrope.apply(x, cos, sin, layout=layout, inverse=inverse, seq_axis=seq_axis)
+            with anyrope.use_fast_paths(False):
+                generic = anyrope.apply(x, cos, sin, layout=layout, inverse=inverse, seq_axis=seq_axis)
+            assert fast.dtype == x.dtype
+            assert_close(backend, fast, backend.to_numpy(generic), dtype)
+            np.testing.assert_array_equal(
+                backend.to_numpy(fast)[..., rotary_dim:], backend.to_numpy(x)[..., rotary_dim:]
+            )
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fast_decoding_reproduces_the_full_call(backend: Backend, jit: str, layout: str) -> None:
+    rope = anyrope.RoPE(32, layout=layout, rotary_dim=24)
+    for dtype in backend.dtypes:
+        x = backend.asarray(np.random.default_rng(1).standard_normal((2, 3, 40, 32)), dtype)
+        full = backend.to_numpy(rope(x))
+        for step in (0, 1, 17, 39):
+            got = backend.to_numpy(rope(x[:, :, step : step + 1, :], offset=[step, step]))
+            np.testing.assert_array_equal(got, full[:, :, step : step + 1, :])
+
+
+def _mutable(backend: Backend) -> None:
+    if backend.name in ("mlx",):
+        pytest.skip(f"{backend.name} arrays are immutable")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_inplace_equals_out_of_place(backend: Backend, jit: str, layout: str) -> None:
+    _mutable(backend)
+    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
+    for dtype in backend.dtypes:
+        data = np.random.default_rng(2).standard_normal((2, 3, 7, 16))
+        expected_q, expected_k = rope(
+            backend.asarray(data, dtype), backend.asarray(-data, dtype), offset=[3, 9]
+        )
+        q, k = backend.asarray(data, dtype), backend.asarray(-data, dtype)
+        got_q, got_k = rope(q, k, offset=[3, 9], inplace=True)
+        assert got_q is q
+        assert got_k is k
+        np.testing.assert_array_equal(backend.to_numpy(q), backend.to_numpy(expected_q))
+        np.testing.assert_array_equal(backend.to_numpy(k), backend.to_numpy(expected_k))
+
+
+def test_apply_into_out(backend: Backend, jit: str) -> None:
+    _mutable(backend)
+    rope = anyrope.RoPE(8)
+    x = backend.asarray(np.random.default_rng(3).standard_normal((4, 5, 8)), "float32")
+    cos, sin = rope.cos_sin(backend.asarray(np.arange(5)), like=x)
+    out = backend.asarray(np.zeros((4, 5, 8)), "float32")
+    result = anyrope.apply(x, cos, sin, out=out)
+    assert result is out
+    np.testing.assert_array_equal(backend.to_numpy(out), backend.to_numpy(anyrope.apply(x, cos, sin)))
+
+
+def test_out_is_checked(backend: Backend) -> None:
+    x = backend.asarray(np.zeros((4, 5, 8)), "float32")
+    cos, sin = anyrope.RoPE(8).cos_sin(backend.asarray(np.arange(5)), like=x)
+    if backend.name == "mlx":
+        with pytest.raises(TypeError, match="mlx arrays are immutable"):
+            anyrope.apply(x, cos, sin, out=x)
+        with pytest.raises(TypeError, match="inplace= need mutable arrays"):
+            anyrope.RoPE(8)(x, inplace=True)
+        return
+    with pytest.raises(ValueError, match=r"out must have the input's shape \(4, 5, 8\)"):
+        anyrope.apply(x, cos, sin, out=backend.asarray(np.zeros((4, 5, 4)), "float32"))
+    if "float64" in backend.dtypes:
+        with pytest.raises(ValueError, match="and dtype"):
+            anyrope.apply(x, cos, sin, out=backend.asarray(np.zeros((4, 5, 8)), "float64"))
+
+
+def test_inplace_refuses_tensors_that_require_grad(backend: Backend) -> None:
+    if backend.name != "torch":
+        pytest.skip("requires_grad is PyTorch's")
+    x = backend.asarray(np.zeros((4, 5, 8)), "float32").requires_grad_(True)
+    with pytest.raises(ValueError, match="q requires grad: rotating in place would break autograd"):
+        anyrope.RoPE(8)(x, inplace=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fast_gradients_match_generic(backend: Backend, jit: str, layout: str) -> None:
+    if not backend.autograd:
+        pytest.skip(f"{backend.name} has no automatic differentiation")
+    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
+    rng = np.random.default_rng(4)
+    for dtype in ("float32", "float64"):
+        x = backend.asarray(rng.standard_normal((2, 3, 6, 16)), dtype)
+        upstream = backend.asarray(rng.standard_normal((2, 3, 6, 16)), dtype)
+        fast = backend.vjp(lambda t: rope(t, offset=[1, 50]), x, upstream)
+        with anyrope.use_fast_paths(False):
+            generic = backend.vjp(lambda t: rope(t, offset=[1, 50]), x, upstream)
+        assert_close(backend, fast, backend.to_numpy(generic), dtype)
+
+
+def test_use_fast_paths_is_scoped() -> None:
+    assert anyrope._fast.fast_paths_enabled()
+    with anyrope.use_fast_paths(False):
+        assert not anyrope._fast.fast_paths_enabled()
+        with anyrope.use_fast_paths(True):
+            assert anyrope._fast.fast_paths_enabled()
+        assert not anyrope._fast.fast_paths_enabled()
+    assert anyrope._fast.fast_paths_enabled()
