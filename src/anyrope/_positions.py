@@ -9,13 +9,15 @@ from typing import Any
 
 import array_api_compat
 
+from ._compat import _by_type as _array_types
 from ._compat import isdtype
 
 __all__ = ["as_index_array", "is_array", "plain_offset"]
 
 
 def is_array(value: Any) -> bool:
-    return array_api_compat.is_array_api_obj(value)
+    # Types already seen as arrays answer from the namespace cache (a dict lookup).
+    return type(value) in _array_types or array_api_compat.is_array_api_obj(value)
 
 
 def as_index_array(xp: Any, value: Any, *, device: Any, arg: str, ndims: Sequence[int] | None) -> Any:
