@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main"]
 
@@ -30,7 +31,27 @@ def _parser() -> argparse.ArgumentParser:
     # parser.add_subparsers(dest="command").add_parser("bench").set_defaults(handler=...);
     # a subparser's set_defaults overrides this one, so the bare command keeps working.
     parser.set_defaults(handler=lambda args: _selfcheck.run(args.backend))
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_bench(commands)
     return parser
+
+
+def _add_bench(commands: Any) -> None:
+    from . import _bench  # the standard library only: the array libraries load in its workers
+
+    bench = commands.add_parser(
+        "bench",
+        help="time anyrope against a plain copy and other RoPE implementations",
+        description=(
+            "Benchmark anyrope on every installed backend, one process each: prefill and decode "
+            "shapes, float32 and the half-precision dtypes, both layouts; the default and generic "
+            "paths, a plain copy (the memory roofline) and every installed peer (transformers, "
+            "torch.compile, rotary-embedding-torch, mlx.core.fast.rope). Prints medians and ratios, "
+            "writes JSON and, with matplotlib, a plot."
+        ),
+    )
+    _bench.add_arguments(bench)
+    bench.set_defaults(handler=_bench.main)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
