@@ -85,7 +85,8 @@ def _complex_multiply(np: Any, x: Any, cos: Any, sin: Any, out: Any, inverse: bo
         out[..., 2 * pairs :] = x[..., 2 * pairs :]
 
 
-def _blocked_half(np: Any, x: Any, cos: Any, sin: Any, out: Any, inverse: bool, copy_tail: bool) -> None:
+def _blocked_half(np: Any, x: Any, cos: Any, sin: Any, out: Any, inverse: bool, separate: bool) -> None:
+    """Half layout in blocks; ``separate`` says out is not x (so the tail must be copied)."""
     batch, lead, seq, trail, width = x.shape
     pairs = cos.shape[-1]
     per_batch = cos.shape[0] > 1
@@ -106,13 +107,15 @@ def _blocked_half(np: Any, x: Any, cos: Any, sin: Any, out: Any, inverse: bool, 
                     out[b, a, start:stop, :, :pairs],
                     out[b, a, start:stop, :, pairs : 2 * pairs],
                 )
-                t, k = tmp[:n], keep[:n]
-                np.copyto(k, first)  # out may be x: keep the first half before it is overwritten
+                t = tmp[:n]
+                if not separate:  # in place: keep the first half before it is overwritten
+                    np.copyto(keep[:n], first)
+                    first = keep[:n]
                 np.multiply(first, c, out=new_first)
                 np.multiply(second, s, out=t)
                 (np.add if inverse else np.subtract)(new_first, t, out=new_first)
-                np.multiply(k, s, out=t)
+                np.multiply(first, s, out=t)
                 np.multiply(second, c, out=new_second)
                 (np.subtract if inverse else np.add)(new_second, t, out=new_second)
-                if copy_tail and 2 * pairs < width:
+                if separate and 2 * pairs < width:
                     out[b, a, start:stop, :, 2 * pairs :] = x[b, a, start:stop, :, 2 * pairs :]
