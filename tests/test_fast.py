@@ -162,3 +162,34 @@ def test_use_fast_paths_is_scoped() -> None:
             assert anyrope._fast.fast_paths_enabled()
         assert not anyrope._fast.fast_paths_enabled()
     assert anyrope._fast.fast_paths_enabled()
+
+
+def test_threads_under_numbas_workqueue_layer() -> None:
+    """numba's fallback threading layer aborts on concurrent launches; calls must be serialised."""
+    if not _kernels.available():
+        pytest.skip("numba is not installed")
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import threading, numpy as np, anyrope\n"
+        "from anyrope._fast import _kernels\n"
+        "rope = anyrope.RoPE(64)\n"
+        "x = np.random.default_rng(0).standard_normal((2, 4, 128, 64)).astype(np.float32)\n"
+        "want = rope(x)\n"
+        "bad = []\n"
+        "def work():\n"
+        "    for _ in range(30):\n"
+        "        bad.extend([1] if not np.array_equal(rope(x), want) else [])\n"
+        "threads = [threading.Thread(target=work) for _ in range(4)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "print(_kernels._serial, len(bad))\n"
+    )
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["True", "0"]

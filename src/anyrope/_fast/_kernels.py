@@ -127,6 +127,25 @@ def _build() -> dict[str, Callable[..., None]]:
     return {"half": half, "interleaved": interleaved, "half_at": half_at, "interleaved_at": interleaved_at}
 
 
+_serial: bool | None = None  # whether calls must be serialised (numba's workqueue layer)
+
+
+def _probe(compiled: dict[str, Callable[..., None]]) -> bool:
+    """Start numba's thread pool once, under the lock, and ask which threading layer it chose.
+
+    The "workqueue" layer (numba's fallback without OpenMP or TBB) aborts the process when two
+    threads launch parallel kernels at once, so calls are then taken one at a time.
+    """
+    import numba
+    import numpy as np
+
+    tiny = np.zeros((1, 1, 1, 1, 2), dtype=np.float32)
+    table = np.zeros((1, 1, 1), dtype=np.float32)
+    compiled["half"](tiny, table, table, tiny, 1.0, False)
+    layer: Any = getattr(numba, "threading_layer")  # noqa: B009 - not in numba's typed exports
+    return bool(layer() == "workqueue")
+
+
 def kernel(layout: str) -> Callable[..., None]:
     """The compiled kernel for a layout, numba-compiled (or loaded from its cache) on first use.
 
@@ -134,8 +153,19 @@ def kernel(layout: str) -> Callable[..., None]:
     tables; ``kernel(layout + "_at")(x, cos, sin, positions, out, copy_tail)`` takes whole
     (length, pairs) tables and (1 or batch, seq) positions, and looks rows up itself.
     """
+    global _serial
     if not _compiled:
         with _lock:
             if not _compiled:
-                _compiled.update(_build())
+                built = _build()
+                _serial = _probe(built)
+                _compiled.update(built if not _serial else {k: _serialised(f) for k, f in built.items()})
     return _compiled[layout]
+
+
+def _serialised(fn: Callable[..., None]) -> Callable[..., None]:
+    def call(*args: Any) -> None:
+        with _lock:
+            fn(*args)
+
+    return call
