@@ -981,6 +981,12 @@ def _panel(ax: Any, rows: list[Record], shape: str, backend: str) -> None:
     values = [r["x_copy"] for r in rows if r["variant"] != "copy"]
     if values and max(values) / max(min(values), 1e-12) > 20:
         ax.set_yscale("log")
+        ticker = importlib.import_module("matplotlib.ticker")
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(  # 2 and 5 times a power of ten only: the rest would crowd
+            ticker.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else "")
+        )
+        ax.tick_params(axis="y", which="minor", labelsize=6)
     ax.set_xticks(range(len(variants)))
     ax.set_xticklabels(variants, rotation=30, ha="right", fontsize=8)
     ax.set_title(f"{backend} on {rows[0]['device']}, {shape}", fontsize=9)
