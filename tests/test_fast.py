@@ -145,13 +145,110 @@ def test_fast_gradients_match_generic(backend: Backend, jit: str, layout: str) -
         pytest.skip(f"{backend.name} has no automatic differentiation")
     rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
     rng = np.random.default_rng(4)
-    for dtype in ("float32", "float64"):
+    for dtype in backend.dtypes:
         x = backend.asarray(rng.standard_normal((2, 3, 6, 16)), dtype)
         upstream = backend.asarray(rng.standard_normal((2, 3, 6, 16)), dtype)
         fast = backend.vjp(lambda t: rope(t, offset=[1, 50]), x, upstream)
         with anyrope.use_fast_paths(False):
             generic = backend.vjp(lambda t: rope(t, offset=[1, 50]), x, upstream)
         assert_close(backend, fast, backend.to_numpy(generic), dtype)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sixteen_bit_kernels_are_bit_exact(backend: Backend, jit: str, layout: str) -> None:
+    """The kernels widen 16-bit values in registers and round once: exactly the generic result,
+    for infinities, NaNs, subnormals and values at the edge of the range too."""
+    narrow = [d for d in backend.dtypes if d in ("float16", "bfloat16")]
+    if not narrow:
+        pytest.skip(f"{backend.name} has no 16-bit float dtypes")
+    data = np.random.default_rng(5).standard_normal((2, 3, 11, 16)) * 4
+    data.flat[:8] = [np.inf, -np.inf, np.nan, 65504.0, -65504.0, 6e-8, -3e-5, 1e-6]
+    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
+    for dtype in narrow:
+        x = backend.asarray(data, dtype)
+        for call in ({}, {"offset": [4, 900]}):
+            with np.errstate(invalid="ignore"):  # NumPy warns of inf * 0 in the generic code
+                fast = rope(x, **call)
+                with anyrope.use_fast_paths(False):
+                    generic = rope(x, **call)
+            assert fast.dtype == x.dtype
+            np.testing.assert_array_equal(backend.to_numpy(fast), backend.to_numpy(generic))
+
+
+def _codec_loops(storage: str) -> tuple[Any, Any]:
+    """Loops that widen int16 bits to float32 and round float32 back, as a kernel does."""
+    import numba
+
+    from anyrope._fast import _jit
+
+    code = _jit.STORAGES[storage]
+
+    @numba.njit
+    def widen(bits: Any, out: Any) -> None:  # pragma: no cover - compiled
+        for i in range(bits.size):
+            out[i] = _jit.load(bits[i], code)
+
+    @numba.njit
+    def narrow(values: Any, out: Any) -> None:  # pragma: no cover - compiled
+        for i in range(values.size):
+            out[i] = _jit.store(values[i], code)
+
+    return widen, narrow
+
+
+def _floats_to_round() -> Any:
+    """Random float32 bit patterns, plus every float16 and bfloat16 value nudged to just below,
+    onto and just above the halfway point to its successor (where rounding decides)."""
+    every = np.arange(1 << 16, dtype=np.uint32)
+    as_float16 = every.astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+    edges = [as_float16 + step for step in (0xFFF, 0x1000, 0x1001)]
+    edges += [(every << 16) + step for step in (0x7FFF, 0x8000, 0x8001)]
+    random = np.random.default_rng(6).integers(0, 1 << 32, size=1 << 20, dtype=np.uint64)
+    return np.concatenate([random.astype(np.uint32), *edges]).view(np.float32)
+
+
+def _same_bits_or_both_nan(got: Any, want: Any, as_float: Any) -> None:
+    differs = (got != want) & ~(np.isnan(as_float(got)) & np.isnan(as_float(want)))
+    assert not differs.any(), f"{int(differs.sum())} values differ, the first at bits {want[differs][:4]}"
+
+
+@pytest.mark.parametrize("storage", ["float16", "float16-bits"])
+def test_float16_conversions_match_numpy(storage: str) -> None:
+    """Both ways of converting (the CPU's instructions where it has them, and bit arithmetic)."""
+    if not _kernels.available():
+        pytest.skip("numba is not installed")
+    widen, narrow = _codec_loops(storage)
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.int16)
+    wide = np.empty(bits.size, dtype=np.float32)
+    widen(bits, wide)
+    expected = bits.view(np.float16).astype(np.float32)
+    _same_bits_or_both_nan(wide.view(np.uint32), expected.view(np.uint32), lambda b: b.view(np.float32))
+    values = _floats_to_round()
+    rounded = np.empty(values.size, dtype=np.int16)
+    narrow(values, rounded)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected_bits = values.astype(np.float16).view(np.int16)
+    _same_bits_or_both_nan(rounded, expected_bits, lambda b: b.view(np.float16))
+
+
+def test_bfloat16_conversions_match_torch() -> None:
+    if not _kernels.available():
+        pytest.skip("numba is not installed")
+    torch = pytest.importorskip("torch")
+    widen, narrow = _codec_loops("bfloat16")
+
+    def as_float(b: Any) -> Any:
+        return torch.from_numpy(b).view(torch.bfloat16).float().numpy()
+
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.int16)
+    wide = np.empty(bits.size, dtype=np.float32)
+    widen(bits, wide)
+    _same_bits_or_both_nan(wide.view(np.uint32), as_float(bits).view(np.uint32), lambda b: b.view(np.float32))
+    values = _floats_to_round()
+    rounded = np.empty(values.size, dtype=np.int16)
+    narrow(values, rounded)
+    expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy()
+    _same_bits_or_both_nan(rounded, expected, as_float)
 
 
 def test_use_fast_paths_is_scoped() -> None:

@@ -14,7 +14,8 @@ from typing import Any
 import array_api_compat
 
 from . import _kernels
-from .numpy_cpu import canonical
+from .numpy_cpu import canonical, storage
+from .torch_cpu import host_view
 
 __all__ = ["rotate_at"]
 
@@ -22,9 +23,12 @@ Tables = Callable[[int], "tuple[Any, Any] | None"]
 
 
 def _hosts(xp: Any, arrays: list[Any]) -> list[Any] | None:
-    """The arrays as NumPy arrays sharing their memory, or None where that is not possible or wise."""
+    """The arrays as NumPy arrays sharing their memory, or None where that is not possible or wise.
+
+    16-bit floats come as int16 views of their bits (NumPy has no bfloat16): see :func:`storage`.
+    """
     if array_api_compat.is_numpy_namespace(xp):
-        return arrays
+        return [x.view("int16") if x.dtype == "float16" else x for x in arrays]
     import torch
 
     if torch.compiler.is_compiling():  # traced: leave it to the generic, traceable code
@@ -32,33 +36,34 @@ def _hosts(xp: Any, arrays: list[Any]) -> list[Any] | None:
     grad = torch.is_grad_enabled()
     hosts = []
     for x in arrays:
-        if x.device.type != "cpu" or (grad and x.requires_grad):
+        if not x.is_cpu or (grad and x.requires_grad):
             return None
-        hosts.append(x.detach().numpy() if x.dtype != torch.bfloat16 else None)
+        hosts.append(host_view(x))
     return hosts
 
 
-def _widened(xp: Any, x: Any) -> Any:
-    """A float32 copy of a 16-bit x, as NumPy: the kernel rotates it in place. (NumPy's own
-    float16 casts run at a sixth of copy speed, which bounds NumPy float16 here.)"""
-    if array_api_compat.is_numpy_namespace(xp):
-        return x.astype("float32")
-    return x.float().numpy()  # torch converts bfloat16, which NumPy lacks
+_storages: dict[Any, str | None] = {}
 
 
-def _narrowed(xp: Any, x: Any, work: Any, inplace: bool) -> Any:
-    """Round the float32 result once into x's dtype (into x itself when in place)."""
-    if array_api_compat.is_numpy_namespace(xp):
-        if inplace:
-            x[...] = work
-            return x
-        return work.astype(x.dtype)
-    import torch
+def _storage(dtype: Any) -> str | None:
+    found = _storages.get(dtype, "")  # dtypes of NumPy and torch never compare equal
+    if found == "":
+        found = _storages[dtype] = storage(str(dtype).removeprefix("torch."))
+    return found
 
-    result = torch.from_numpy(work)
-    if inplace:
-        return x.copy_(result)
-    return result.to(x.dtype)
+
+def _rows(kind: str, value: Any, seq: int) -> tuple[Any, int]:
+    """Positions as a (1 or batch, seq) int64 NumPy array for a length, and the largest of them."""
+    import numpy as np
+
+    if kind == "offset":
+        return np.arange(value, value + seq, dtype=np.int64)[None], value + seq - 1
+    if kind == "rows":
+        starts = value.astype(np.int64, copy=False)[:, None]
+        rows = starts if seq == 1 else starts + np.arange(seq, dtype=np.int64)
+    else:
+        rows = value.astype(np.int64, copy=False).reshape(-1 if value.ndim == 2 else 1, seq)
+    return rows, int(rows.max()) if rows.size else -1
 
 
 def rotate_at(
@@ -75,67 +80,58 @@ def rotate_at(
 
     ``where`` is ("offset", int), ("rows", per-row offsets) or ("positions", (seq,) or (batch,
     seq)), already checked; ``tables(length)`` returns cached (cos, sin) of at least ``length``
-    rows in the compute dtype (float32 for 16-bit arrays), or None. 16-bit arrays are rotated
-    in a float32 copy and rounded once, as the generic path does.
+    rows in the compute dtype (float32 for 16-bit arrays), or None. The kernel widens 16-bit
+    values to float32 in registers and rounds each result once, as the generic path does.
     """
-    if not _kernels.available() or not (
-        array_api_compat.is_numpy_namespace(xp) or array_api_compat.is_torch_namespace(xp)
-    ):
+    numpy_arrays = array_api_compat.is_numpy_namespace(xp)
+    if not _kernels.available() or not (numpy_arrays or array_api_compat.is_torch_namespace(xp)):
         return None
     import numpy as np
 
-    if array_api_compat.is_torch_namespace(xp):
-        import torch
     kind, value = where
     found_hosts = _hosts(xp, arrays if kind == "offset" else [*arrays, value])
-    if found_hosts is None or any(x.dtype != arrays[0].dtype for x in arrays):
+    dtype = arrays[0].dtype
+    if found_hosts is None or any(x.dtype != dtype for x in arrays):
+        return None
+    kind_of_storage = _storage(dtype)
+    if kind_of_storage is None:
         return None
     hosts = found_hosts[: len(arrays)]
-    narrow = hosts[0] is None or hosts[0].dtype == np.float16
-    if not narrow and hosts[0].dtype not in (np.float32, np.float64):
-        return None
     if kind != "offset":
         value = found_hosts[-1]
     by_length: dict[int, Any] = {}  # q and k usually have one length: compute its positions once
+    top = -1
     for x, axis in zip(arrays, axes, strict=True):
-        seq = x.shape[axis]
-        if seq not in by_length:
-            if kind == "offset":
-                by_length[seq] = np.arange(value, value + seq, dtype=np.int64)[None]
-            elif kind == "rows":
-                starts = value.astype(np.int64, copy=False)[:, None]
-                by_length[seq] = starts if seq == 1 else starts + np.arange(seq, dtype=np.int64)
-            else:
-                by_length[seq] = value.astype(np.int64).reshape(-1 if value.ndim == 2 else 1, seq)
-    positions = [by_length[x.shape[axis]] for x, axis in zip(arrays, axes, strict=True)]
-    top = max((int(p.max()) for p in by_length.values() if p.size), default=-1)
+        if x.shape[axis] not in by_length:
+            by_length[x.shape[axis]], last = _rows(kind, value, x.shape[axis])
+            top = max(top, last)
     found = tables(top + 1)
     if found is None:
         return None
-    cos, sin = (t if array_api_compat.is_numpy_namespace(xp) else t.detach().numpy() for t in found)
-    if cos.dtype != (np.float32 if narrow else hosts[0].dtype):
+    cos, sin = found if numpy_arrays else (found[0].numpy(), found[1].numpy())  # never need grad
+    if cos.dtype != (hosts[0].dtype if kind_of_storage == "float" else np.float32):
         return None
     # Every check passes before anything is written: in place, a fallback would rotate twice.
-    if inplace and not narrow and any(not host.flags.c_contiguous for host in hosts):
+    if inplace and any(not host.flags.c_contiguous for host in hosts):
         return None
+    kernel = _kernels.kernel(layout, kind_of_storage)
     results = []
-    for x, host, axis, rows in zip(arrays, hosts, axes, positions, strict=True):
+    for x, host, axis in zip(arrays, hosts, axes, strict=True):
+        rows = by_length[x.shape[axis]]
         shape5 = canonical(tuple(x.shape), axis, rows.shape[0] > 1)
-        kernel = _kernels.kernel(layout + "_at")
-        if narrow:
-            work = _widened(xp, x)
-            kernel(work.reshape(shape5), cos, sin, rows, work.reshape(shape5), False)
-            results.append(_narrowed(xp, x, work, inplace))
-            continue
         source = np.ascontiguousarray(host).reshape(shape5)
         if inplace:
             target, result = source, x
-        elif array_api_compat.is_numpy_namespace(xp):
+        elif numpy_arrays:
             result = np.empty(x.shape, dtype=x.dtype)
-            target = result.reshape(shape5)
+            target = result.view(host.dtype).reshape(shape5)
         else:  # a NumPy buffer wrapped by torch: a third of new_empty's cost on a decode step
+            import torch
+
             buffer = np.empty(x.shape, dtype=host.dtype)
-            result, target = torch.from_numpy(buffer), buffer.reshape(shape5)
+            result = torch.from_numpy(buffer)
+            result = result if kind_of_storage == "float" else result.view(x.dtype)
+            target = buffer.reshape(shape5)
         kernel(source, cos, sin, rows, target, not inplace)
         results.append(result)
     return results

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import _kernels
 
-__all__ = ["canonical", "rotate"]
+__all__ = ["canonical", "lookup", "rotate", "storage"]
 
 _BLOCK_BYTES = 1 << 18  # blocks of about 256 KiB stay in L2 through the six steps
 
@@ -26,47 +26,64 @@ def canonical(shape: tuple[int, ...], seq_axis: int, batched: bool) -> tuple[int
     return batch, lead, shape[seq_pos], math.prod(after), shape[-1]
 
 
+def storage(dtype: str) -> str | None:
+    """How the kernels take an x of this dtype name: "float" (as is), "float16" or "bfloat16"
+    (as int16 bits, with float32 tables); None where no kernel does."""
+    if dtype in ("float32", "float64"):
+        return "float"
+    return dtype if dtype in ("float16", "bfloat16") else None
+
+
 def _tables(np: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
     if cos.ndim == 2:
         cos, sin = cos[None], sin[None]
     return np.ascontiguousarray(cos), np.ascontiguousarray(sin)
 
 
-def _floating(np: Any, x: Any, cos: Any) -> bool:
-    # float16 goes through float32 in the generic path: NumPy has no float16 arithmetic worth it.
-    return x.dtype in (np.float32, np.float64) and cos.dtype == x.dtype
+def lookup(np: Any, cos: Any, sin: Any, inverse: bool) -> tuple[Any, Any, Any]:
+    """(tb, seq, pairs) tables as the kernels take them: (tb * seq, pairs) rows, and the (tb, seq)
+    positions of those rows. The inverse turns by -sin (negating is exact)."""
+    batch, seq, pairs = cos.shape
+    rows = np.arange(batch * seq, dtype=np.int64).reshape(batch, seq)
+    return cos.reshape(batch * seq, pairs), (-sin if inverse else sin).reshape(batch * seq, pairs), rows
 
 
-def _five(np: Any, x: Any, out: Any, shape5: tuple[int, ...]) -> tuple[Any, Any] | None:
-    """x and its destination as (batch, lead, seq, trail, head_dim) views; None if out won't do."""
-    source = np.ascontiguousarray(x).reshape(shape5)
+def _five(np: Any, x: Any, out: Any, shape5: tuple[int, ...]) -> tuple[Any, Any, Any] | None:
+    """x and its destination as (batch, lead, seq, trail, head_dim) views of what the kernel
+    reads (int16 bits for float16), and the result to return; None if out won't do."""
     if out is None:
-        return source, np.empty(shape5, dtype=x.dtype)
-    if not out.flags.c_contiguous:
+        out = np.empty(x.shape, dtype=x.dtype)
+    elif not out.flags.c_contiguous:
         return None
-    return source, out.reshape(shape5)
+    bits = x.dtype == np.float16
+    source = np.ascontiguousarray(x)
+    source, target = (source.view(np.int16), out.view(np.int16)) if bits else (source, out)
+    return source.reshape(shape5), target.reshape(shape5), out
 
 
 def rotate(x: Any, cos: Any, sin: Any, *, layout: str, inverse: bool, seq_axis: int, out: Any) -> Any | None:
     import numpy as np
 
-    if not _floating(np, x, cos):
+    kind = storage(str(x.dtype))
+    if kind is None or cos.dtype != (x.dtype if kind == "float" else np.float32):
         return None
+    if kind != "float" and not _kernels.available():
+        return None  # the generic path's float32 round trip is as good as NumPy does it
     batched = cos.ndim == 3 and cos.shape[0] > 1
     views = _five(np, x, out, canonical(tuple(x.shape), seq_axis, batched))
     if views is None:
         return None
-    source, target = views
+    source, target, result = views
     cos3, sin3 = _tables(np, cos, sin)
     separate = not np.shares_memory(source, target)
     if _kernels.available():
-        sign = -1.0 if inverse else 1.0
-        _kernels.kernel(layout)(source, cos3, sin3, target, sign, separate)
+        rows_cos, rows_sin, rows = lookup(np, cos3, sin3, inverse)
+        _kernels.kernel(layout, kind)(source, rows_cos, rows_sin, rows, target, separate)
     elif layout == "interleaved":
         _complex_multiply(np, source, cos3, sin3, target, inverse, separate)
     else:
         _blocked_half(np, source, cos3, sin3, target, inverse, separate)
-    return target.reshape(x.shape) if out is None else out
+    return result
 
 
 def _aligned(table: Any) -> Any:

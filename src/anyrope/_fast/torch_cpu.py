@@ -3,8 +3,9 @@
 The backward of a rotation is the inverse rotation, so gradients run through the same kernel.
 Without numba the generic path runs: torch's complex multiply would be one pass for
 "interleaved", but it rounds differently in its vector and scalar loops, so decoding token by
-token would not reproduce a full call bit for bit. 16-bit inputs are widened to float32 for the kernel and rounded once on the way out, as in the
-generic path. CUDA, MPS and traced calls (torch.compile, FX) take the generic path.
+token would not reproduce a full call bit for bit. 16-bit tensors reach the kernel as their
+bits, which it widens to float32 and rounds once on the way out, as the generic path does.
+CUDA, MPS and traced calls (torch.compile, FX) take the generic path.
 """
 
 from __future__ import annotations
@@ -12,15 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 from . import _kernels
-from .numpy_cpu import canonical
+from .numpy_cpu import canonical, lookup, storage
 
-__all__ = ["rotate"]
+__all__ = ["host_view", "rotate"]
 
 _Function: Any = None
 
 
-def _five(x: Any, shape5: tuple[int, ...]) -> Any:
-    return x.detach().numpy().reshape(shape5)
+def host_view(x: Any) -> Any:
+    """A CPU tensor as a NumPy array sharing its memory; 16-bit floats as int16 bits."""
+    import torch
+
+    if x.requires_grad:
+        x = x.detach()
+    return x.view(torch.int16).numpy() if x.dtype in (torch.float16, torch.bfloat16) else x.numpy()
 
 
 def _run(x: Any, cos: Any, sin: Any, out: Any, layout: str, inverse: bool, seq_axis: int) -> Any:
@@ -31,11 +37,14 @@ def _run(x: Any, cos: Any, sin: Any, out: Any, layout: str, inverse: bool, seq_a
         out = x.new_empty(x.shape)
     if cos.ndim == 2:
         cos, sin = cos[None], sin[None]
-    source, target = _five(x, shape5), _five(out, shape5)
+    source, target = host_view(x).reshape(shape5), host_view(out).reshape(shape5)
     separate = out.data_ptr() != x.data_ptr()
-    sign = -1.0 if inverse else 1.0
-    cos3, sin3 = cos.contiguous().numpy(), sin.contiguous().numpy()
-    _kernels.kernel(layout)(source, cos3, sin3, target, sign, separate)
+    import numpy as np
+
+    cos3, sin3 = cos.detach().contiguous().numpy(), sin.detach().contiguous().numpy()
+    rows_cos, rows_sin, rows = lookup(np, cos3, sin3, inverse)
+    kind = storage(str(x.dtype).removeprefix("torch."))
+    _kernels.kernel(layout, kind or "float")(source, rows_cos, rows_sin, rows, target, separate)
     return out
 
 
@@ -70,8 +79,8 @@ def rotate(x: Any, cos: Any, sin: Any, *, layout: str, inverse: bool, seq_axis: 
 
     if x.device.type != "cpu" or cos.device.type != "cpu" or torch.compiler.is_compiling():
         return None
-    wide = x.dtype in (torch.float32, torch.float64)
-    if not wide and x.dtype not in (torch.float16, torch.bfloat16):
+    kind = storage(str(x.dtype).removeprefix("torch."))
+    if kind is None or cos.dtype != (x.dtype if kind == "float" else torch.float32):
         return None
     if not _kernels.available():
         return None
@@ -79,16 +88,8 @@ def rotate(x: Any, cos: Any, sin: Any, *, layout: str, inverse: bool, seq_axis: 
     if out is not None:
         if grad or out.dtype != x.dtype or not out.is_contiguous() or out.device.type != "cpu":
             return None
-        if wide:
-            return _run(x.contiguous(), cos, sin, out, layout, inverse, seq_axis)
-        out.copy_(_run(x.float().contiguous(), cos, sin, None, layout, inverse, seq_axis))
-        return out
-    work = x if wide else x.float()
-    if cos.dtype != work.dtype:
-        return None
+        return _run(x.contiguous(), cos, sin, out, layout, inverse, seq_axis)
     if grad:
         apply: Any = _autograd_function().apply
-        result = apply(work, cos, sin, layout, inverse, seq_axis)
-    else:
-        result = _run(work.contiguous(), cos, sin, None, layout, inverse, seq_axis)
-    return result if wide else result.to(x.dtype)
+        return apply(x, cos, sin, layout, inverse, seq_axis)
+    return _run(x.contiguous(), cos, sin, None, layout, inverse, seq_axis)

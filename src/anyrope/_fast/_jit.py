@@ -1,0 +1,185 @@
+"""The numba kernels themselves; imported only once numba is known to be installed.
+
+Arrays arrive in a canonical five-axis form: x and out are (batch, lead, seq, trail, head_dim),
+the tables are (length, pairs) and positions (1 or batch, seq) rows of them. Each pair is read
+before it is written, so out may be x itself. The two layouts are written out separately, with
+plain five-axis indexing: variants that shared a row helper, or chose between two arrays in the
+loop, kept LLVM from vectorising the inner loop and ran 1.5 to 2 times slower.
+
+16-bit floats travel as int16 bits (a dtype torch can view them as), are widened to float32 in registers and rounded to nearest
+even once on the way out, bit for bit as NumPy's and torch's casts (NaN payloads aside). Each
+kernel is built by :func:`rotations` for one storage code, a plain int its closure captures:
+numba folds it as a constant, and keys its on-disk cache by it (a captured function would get a
+new key in every process, and be compiled again each time).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import binding, ir
+from numba.core import types
+from numba.extending import intrinsic
+
+__all__ = ["STORAGES", "rotations"]
+
+FLOAT, FLOAT16_HARDWARE, FLOAT16_BITS, BFLOAT16 = 0, 1, 2, 3
+
+# float16 by LLVM's fpext/fptrunc where the CPU converts in one vector instruction (x86 with
+# F16C, 64-bit ARM): twice the speed of the bit arithmetic. Elsewhere LLVM would call a runtime
+# helper that numba's JIT may not link, so the bit arithmetic runs instead.
+_HARDWARE_HALF = platform.machine().lower() in ("arm64", "aarch64") or (
+    "+f16c" in binding.get_host_cpu_features().flatten()
+)
+STORAGES = {
+    "float": FLOAT,
+    "float16": FLOAT16_HARDWARE if _HARDWARE_HALF else FLOAT16_BITS,
+    "float16-bits": FLOAT16_BITS,
+    "bfloat16": BFLOAT16,
+}
+
+u32, f32 = np.uint32, np.float32
+inline = numba.njit(inline="always")
+
+
+def _conversion(result: Any, argument: Any, emit: Callable[[Any, Any], Any]) -> Any:
+    @intrinsic
+    def convert(typingctx: Any, value: Any) -> Any:  # noqa: ARG001 - numba's intrinsic protocol
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:  # noqa: ARG001
+            return emit(builder, args[0])
+
+        return result(argument), codegen
+
+    return convert
+
+
+_half_to_float = _conversion(
+    types.float32, types.int16, lambda b, h: b.fpext(b.bitcast(h, ir.HalfType()), ir.FloatType())
+)
+_float_to_half = _conversion(
+    types.int16, types.float32, lambda b, v: b.bitcast(b.fptrunc(v, ir.HalfType()), ir.IntType(16))
+)
+
+
+@inline
+def _as_float(bits: Any) -> Any:  # pragma: no cover - numba widens uint32 arithmetic to 64 bits
+    return u32(bits).view(f32)
+
+
+# The bit-arithmetic float16 conversions are branch-free (selects), so LLVM can vectorise them.
+@inline
+def _half_bits_to_float(h: Any) -> Any:  # pragma: no cover
+    bits = u32(h) & u32(0xFFFF)  # int16 widens with its sign
+    rest = bits & u32(0x7FFF)
+    # rest << 13 is the float32 of value * 2**-112, subnormals included: scale it back exactly
+    finite = f32(_as_float(rest << u32(13)) * f32(2.0**112)).view(u32)
+    special = u32(0x7F800000) | ((rest & u32(0x3FF)) << u32(13))  # inf, NaN
+    return _as_float(((bits & u32(0x8000)) << u32(16)) | u32(special if rest >= u32(0x7C00) else finite))
+
+
+@inline
+def _float_to_half_bits(v: Any) -> Any:  # pragma: no cover
+    bits = f32(v).view(u32)
+    mag = bits & u32(0x7FFFFFFF)
+    # normal results: rebias the exponent, round the 13 dropped bits to nearest even
+    normal = u32(u32(mag + u32(0xFFF) + ((mag >> u32(13)) & u32(1)) - u32(0x38000000)) >> u32(13))
+    # below 2**-14: adding 0.5 makes the FPU round the subnormal's bits into place
+    tiny = u32(f32(_as_float(mag) + f32(0.5)).view(u32) - u32(0x3F000000))
+    special = u32(0x7E00) if mag > u32(0x7F800000) else u32(0x7C00)  # NaN, or too big: inf
+    finite = tiny if mag < u32(0x38800000) else normal
+    return np.int16(((bits >> u32(16)) & u32(0x8000)) | (special if mag >= u32(0x47800000) else finite))
+
+
+@inline
+def _bfloat16_to_float(h: Any) -> Any:  # pragma: no cover
+    return _as_float(u32(h) << u32(16))  # the sign-extended top half is shifted out
+
+
+@inline
+def _float_to_bfloat16(v: Any) -> Any:  # pragma: no cover
+    bits = f32(v).view(u32)
+    if (bits & u32(0x7FFFFFFF)) > u32(0x7F800000):
+        return np.int16(0x7FC0)
+    return np.int16((bits + u32(0x7FFF) + ((bits >> u32(16)) & u32(1))) >> u32(16))
+
+
+@inline
+def load(v: Any, storage: int) -> Any:  # pragma: no cover - storage is a constant: one branch remains
+    if storage == FLOAT16_HARDWARE:
+        return _half_to_float(v)
+    if storage == FLOAT16_BITS:
+        return _half_bits_to_float(v)
+    if storage == BFLOAT16:
+        return _bfloat16_to_float(v)
+    return v
+
+
+@inline
+def store(v: Any, storage: int) -> Any:  # pragma: no cover
+    if storage == FLOAT16_HARDWARE:
+        return _float_to_half(v)
+    if storage == FLOAT16_BITS:
+        return _float_to_half_bits(v)
+    if storage == BFLOAT16:
+        return _float_to_bfloat16(v)
+    return v
+
+
+def rotations(storage: int) -> dict[str, Callable[..., None]]:
+    """The two layouts' kernels for one storage code (compiled, or loaded from numba's cache, on
+    first call): ``kernel(x, cos, sin, positions, out, copy_tail)`` with (length, pairs) tables
+    and (1 or batch, seq) positions."""
+
+    # Both read the cached tables directly at each token's position: no per-call tables are
+    # gathered, which is most of the cost of a decode step.
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def half(x: Any, cos: Any, sin: Any, pos: Any, out: Any, copy_tail: bool) -> None:  # pragma: no cover
+        batch, lead, seq, trail, width = x.shape
+        pairs = cos.shape[1]
+        per_batch = pos.shape[0] > 1
+        for row in numba.prange(batch * lead * seq):
+            b = row // (lead * seq)
+            a = (row // seq) % lead
+            s = row % seq
+            p = pos[b if per_batch else 0, s]
+            for t in range(trail):
+                for i in range(pairs):
+                    c = cos[p, i]
+                    n = sin[p, i]
+                    first = load(x[b, a, s, t, i], storage)
+                    second = load(x[b, a, s, t, i + pairs], storage)
+                    out[b, a, s, t, i] = store(first * c - second * n, storage)
+                    out[b, a, s, t, i + pairs] = store(second * c + first * n, storage)
+                if copy_tail:
+                    for j in range(2 * pairs, width):
+                        out[b, a, s, t, j] = x[b, a, s, t, j]
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def interleaved(
+        x: Any, cos: Any, sin: Any, pos: Any, out: Any, copy_tail: bool
+    ) -> None:  # pragma: no cover
+        batch, lead, seq, trail, width = x.shape
+        pairs = cos.shape[1]
+        per_batch = pos.shape[0] > 1
+        for row in numba.prange(batch * lead * seq):
+            b = row // (lead * seq)
+            a = (row // seq) % lead
+            s = row % seq
+            p = pos[b if per_batch else 0, s]
+            for t in range(trail):
+                for i in range(pairs):
+                    c = cos[p, i]
+                    n = sin[p, i]
+                    first = load(x[b, a, s, t, 2 * i], storage)
+                    second = load(x[b, a, s, t, 2 * i + 1], storage)
+                    out[b, a, s, t, 2 * i] = store(first * c - second * n, storage)
+                    out[b, a, s, t, 2 * i + 1] = store(second * c + first * n, storage)
+                if copy_tail:
+                    for j in range(2 * pairs, width):
+                        out[b, a, s, t, j] = x[b, a, s, t, j]
+
+    return {"half": half, "interleaved": interleaved}
