@@ -64,5 +64,5 @@ def rotate_fast(
     if array_api_compat.is_torch_namespace(xp):
         return torch_cpu.rotate(x, cos, sin, layout=layout, inverse=inverse, seq_axis=seq_axis, out=out)
     if is_mlx_namespace(xp) and out is None:
-        return mlx_compiled.rotate(xp, x, cos, sin, layout=layout, inverse=inverse, seq_axis=seq_axis)
+        return mlx_compiled.rotate(x, cos, sin, layout=layout, inverse=inverse, seq_axis=seq_axis)
     return None
