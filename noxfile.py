@@ -6,10 +6,12 @@ nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
 nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
 nox -s peers              # anyrope against transformers, rotary-embedding-torch, mlx.fast.rope (not by default)
 nox -s bench -- --quick   # time anyrope against a copy and the peers, into bench-results/ (not by default)
+nox -s docs               # the Sphinx site (warnings are errors), its doctests, and a headless-browser check
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -30,7 +32,7 @@ BACKENDS = {
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", *(f"tests-{n}" for n, b in BACKENDS.items() if not b.get("gpu-only"))]
+nox.options.sessions = ["lint", *(f"tests-{n}" for n, b in BACKENDS.items() if not b.get("gpu-only")), "docs"]
 
 
 def _has_nvidia_gpu() -> bool:
@@ -102,6 +104,38 @@ def bench(session: nox.Session) -> None:
     )
     session.install(".")
     session.run("python", "-m", "anyrope", "bench", "--out", "bench-results", *session.posargs)
+
+
+def _chromium(session: nox.Session) -> None:
+    """Debian's chromium and chromium-driver for the browser check, installed if missing (as root)."""
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        return
+    if not (shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0):
+        session.error(
+            "the docs check needs chromium and chromedriver: apt-get install chromium chromium-driver"
+        )
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-q", external=True, env=env)  # a fresh machine's lists may be stale
+    session.run(
+        "apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium", "chromium-driver",
+        external=True, env=env,
+    )  # fmt: skip
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The docs site: Sphinx with warnings as errors, its doctests, then every page in Chromium.
+
+    Figures are drawn by anyrope at build time (docs/_ext). Writes docs/_build/html and
+    docs/_build/screenshot-index.png.
+    """
+    session.install(*nox.project.dependency_groups(PYPROJECT, "docs"), *BACKENDS["numpy"]["install"])
+    session.install(".")
+    shutil.rmtree(ROOT / "docs" / "_build", ignore_errors=True)
+    session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", "docs/_build/html")
+    session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "doctest", "docs", "docs/_build/doctest")
+    _chromium(session)
+    session.run("python", "docs/check_pages.py", "docs/_build/html")
 
 
 @nox.session

@@ -1,4 +1,5 @@
-"""The README does not lie: CI runs its test command verbatim, and its examples run."""
+"""The README and the docs do not lie: CI runs the README's test command verbatim, and every
+complete example (a Python block that starts with an import) in them runs."""
 
 from __future__ import annotations
 
@@ -25,11 +26,19 @@ def test_readme_has_the_main_job_command() -> None:
     assert any(c.endswith("python -m anyrope") and "pip install" in c for c in commands)
 
 
-EXAMPLES = [body for lang, body in BLOCKS if lang == "python"]
+EXAMPLES = [("README.md", body) for lang, body in BLOCKS if lang == "python"]
+for _page in sorted((ROOT / "docs").glob("*.md")):
+    EXAMPLES += [
+        (f"docs/{_page.name}", body)
+        for lang, body in re.findall(r"```(\w+)\n(.*?)```", _page.read_text(), flags=re.DOTALL)
+        if lang == "python" and body.startswith("import ")  # the rest are fragments beside prose
+    ]
 
 
-@pytest.mark.parametrize("source", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
-def test_readme_example_runs(source: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "source"), EXAMPLES, ids=[f"{where}-{i}" for i, (where, _) in enumerate(EXAMPLES)]
+)
+def test_example_runs(where: str, source: str) -> None:
     module = re.match(r"import (\S+)", source)
     assert module is not None, "each example starts with the import of its array library"
     name = module.group(1)
@@ -45,4 +54,4 @@ def test_readme_example_runs(source: str) -> None:
             cupy.cuda.runtime.getDeviceCount()
         except cupy.cuda.runtime.CUDARuntimeError as exc:
             pytest.skip(f"cupy has no CUDA device: {exc}")
-    exec(compile(source, "README.md", "exec"), {})  # noqa: S102 - the README is ours
+    exec(compile(source, where, "exec"), {})  # noqa: S102 - the README and docs are ours
