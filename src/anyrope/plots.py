@@ -60,6 +60,7 @@ def methods() -> dict[str, scaling.Scaling]:
         "Llama 3": scaling.Llama3(factor, 1.0, 4.0, int(original)),
         "LongRoPE (long)": scaling.LongRoPE([1.0] * pairs, long_factor, int(original)),
         "max-length-aware": scaling.MaxLengthAware(int(original * factor)),
+        "proportional (half the pairs)": scaling.Proportional(0.5),
     }
 
 
@@ -90,6 +91,14 @@ def frequencies() -> Any:
     ax.set_xlabel("pair index i (fast pairs on the left)")
     ax.set_ylabel("wavelength 2*pi / theta_i (positions)")
     ax.set_title("Per-pair wavelength, head_dim 128, base 500000, 8192 -> 65536 positions", fontsize=10)
+    ax.text(
+        len(inv_freq) - 1,
+        ROPE_CONFIG["original"] / 4,
+        "pairs that do not turn (proportional)\nhave no wavelength",
+        ha="right",
+        fontsize=7,
+        color="grey",
+    )
     ax.legend(fontsize=8, ncol=2)
     return figure
 
