@@ -42,16 +42,6 @@ def _hosts(xp: Any, arrays: list[Any]) -> list[Any] | None:
     return hosts
 
 
-_storages: dict[Any, str | None] = {}
-
-
-def _storage(dtype: Any) -> str | None:
-    found = _storages.get(dtype, "")  # dtypes of NumPy and torch never compare equal
-    if found == "":
-        found = _storages[dtype] = storage(str(dtype).removeprefix("torch."))
-    return found
-
-
 def _rows(kind: str, value: Any, seq: int) -> tuple[Any, int]:
     """Positions as a (1 or batch, seq) int64 NumPy array for a length, and the largest of them."""
     import numpy as np
@@ -93,7 +83,7 @@ def rotate_at(
     dtype = arrays[0].dtype
     if found_hosts is None or any(x.dtype != dtype for x in arrays):
         return None
-    kind_of_storage = _storage(dtype)
+    kind_of_storage = storage(dtype)
     if kind_of_storage is None:
         return None
     hosts = found_hosts[: len(arrays)]

@@ -26,12 +26,21 @@ def canonical(shape: tuple[int, ...], seq_axis: int, batched: bool) -> tuple[int
     return batch, lead, shape[seq_pos], math.prod(after), shape[-1]
 
 
-def storage(dtype: str) -> str | None:
-    """How the kernels take an x of this dtype name: "float" (as is), "float16" or "bfloat16"
-    (as int16 bits, with float32 tables); None where no kernel does."""
-    if dtype in ("float32", "float64"):
-        return "float"
-    return dtype if dtype in ("float16", "bfloat16") else None
+_storages: dict[Any, str | None] = {}
+
+
+def storage(dtype: Any) -> str | None:
+    """How the kernels take an x of this NumPy or torch dtype: "float" (as is), "float16" or
+    "bfloat16" (as int16 bits, with float32 tables); None where no kernel does. Memoised: it is
+    asked on every call, decode steps included."""
+    found = _storages.get(dtype, "")  # dtypes of NumPy and torch never compare equal
+    if found == "":
+        name = str(dtype).removeprefix("torch.")
+        found = (
+            "float" if name in ("float32", "float64") else name if name in ("float16", "bfloat16") else None
+        )
+        _storages[dtype] = found
+    return found
 
 
 def _tables(np: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
@@ -64,7 +73,7 @@ def _five(np: Any, x: Any, out: Any, shape5: tuple[int, ...]) -> tuple[Any, Any,
 def rotate(x: Any, cos: Any, sin: Any, *, layout: str, inverse: bool, seq_axis: int, out: Any) -> Any | None:
     import numpy as np
 
-    kind = storage(str(x.dtype))
+    kind = storage(x.dtype)
     if kind is None or cos.dtype != (x.dtype if kind == "float" else np.float32):
         return None
     if kind != "float" and not _kernels.available():

@@ -30,7 +30,10 @@ def host_view(x: Any) -> Any:
 
 
 def _run(x: Any, cos: Any, sin: Any, out: Any, layout: str, inverse: bool, seq_axis: int) -> Any:
-    """Rotate with the kernel; x, cos and sin are CPU tensors of one float dtype, x contiguous."""
+    """Rotate with the kernel; x is a contiguous CPU tensor of a dtype :func:`storage` accepts,
+    cos and sin CPU tables of its compute dtype."""
+    import numpy as np
+
     batched = cos.ndim == 3 and cos.shape[0] > 1
     shape5 = canonical(tuple(x.shape), seq_axis, batched)
     if out is None:
@@ -39,12 +42,11 @@ def _run(x: Any, cos: Any, sin: Any, out: Any, layout: str, inverse: bool, seq_a
         cos, sin = cos[None], sin[None]
     source, target = host_view(x).reshape(shape5), host_view(out).reshape(shape5)
     separate = out.data_ptr() != x.data_ptr()
-    import numpy as np
-
     cos3, sin3 = cos.detach().contiguous().numpy(), sin.detach().contiguous().numpy()
     rows_cos, rows_sin, rows = lookup(np, cos3, sin3, inverse)
-    kind = storage(str(x.dtype).removeprefix("torch."))
-    _kernels.kernel(layout, kind or "float")(source, rows_cos, rows_sin, rows, target, separate)
+    kind = storage(x.dtype)
+    assert kind is not None, "rotate() lets only kernel dtypes through"
+    _kernels.kernel(layout, kind)(source, rows_cos, rows_sin, rows, target, separate)
     return out
 
 
@@ -79,7 +81,7 @@ def rotate(x: Any, cos: Any, sin: Any, *, layout: str, inverse: bool, seq_axis: 
 
     if x.device.type != "cpu" or cos.device.type != "cpu" or torch.compiler.is_compiling():
         return None
-    kind = storage(str(x.dtype).removeprefix("torch."))
+    kind = storage(x.dtype)
     if kind is None or cos.dtype != (x.dtype if kind == "float" else torch.float32):
         return None
     if not _kernels.available():
