@@ -1,8 +1,10 @@
 """One conformance suite for every backend.
 
 Choose backends with ``--backend NAME`` (repeatable) or ``ANYROPE_BACKEND=a,b``; the default is
-every installed CPU backend. Tests that take the ``backend`` fixture run once per backend, and
-known deviations from backends/*/backend.toml are applied as skip or xfail marks.
+every installed CPU backend. Tests that take the ``backend`` fixture run once per backend; tests
+that take ``mode`` also run under each compiler the backend declares (``compilers`` in its
+backend.toml). Known deviations (``[deviations.<feature>]`` there) apply to tests marked with
+``@pytest.mark.feature("<feature>")``, as skip or xfail.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from harness import SPECS, Backend, default_ids, make_backend, target_ids
+from harness import MODES, SPECS, Backend, default_ids, make_backend, target_ids
 
 settings.register_profile(
     "default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -31,6 +33,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         help=f"backend to test (repeatable): one of {', '.join(target_ids())}; default: installed CPU ones",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "feature(name): the test exercises a feature a backend may lack")
 
 
 def _selected(config: pytest.Config) -> list[str]:
@@ -56,9 +62,20 @@ def _load(target: str) -> Backend | str:
     return _cache[target]
 
 
+def _modes(target: str) -> list[str]:
+    compilers = SPECS[target_ids()[target][0]].get("compilers", [])
+    return ["eager"] + (["compiled"] if compilers else []) + (["dynamic"] if len(compilers) > 1 else [])
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "backend" in metafunc.fixturenames:
-        metafunc.parametrize("backend", _selected(metafunc.config), indirect=True, scope="session")
+    if "backend" not in metafunc.fixturenames:
+        return
+    targets = _selected(metafunc.config)
+    if "mode" in metafunc.fixturenames:
+        pairs = [(t, m) for t in targets for m in _modes(t)]
+        metafunc.parametrize(("backend", "mode"), pairs, indirect=["backend"], scope="session")
+    else:
+        metafunc.parametrize("backend", targets, indirect=True, scope="session")
 
 
 @pytest.fixture(scope="session")
@@ -74,6 +91,18 @@ def xp(backend: Backend) -> Any:
     return backend.xp
 
 
+@pytest.fixture(autouse=True)
+def _fresh_compiler(request: pytest.FixtureRequest) -> None:
+    """torch.compile keeps compiled frames per code object: start each compiled test afresh, so
+    that recompilation limits and counts belong to the test alone."""
+    callspec = getattr(request.node, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    if params.get("mode", "eager") != "eager" and str(params.get("backend", "")).startswith("torch"):
+        import torch
+
+        torch._dynamo.reset()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     ids = target_ids()
     for item in items:
@@ -81,7 +110,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         target = callspec.params.get("backend") if callspec else None
         if target is None:
             continue
-        for deviation in SPECS[ids[target][0]].get("deviations", []):
-            if deviation["tests"] in item.nodeid:
-                mark = pytest.mark.skip if deviation["mode"] == "skip" else pytest.mark.xfail
-                item.add_marker(mark(reason=f"{target}: {deviation['reason']}"))
+        deviations = SPECS[ids[target][0]].get("deviations", {})
+        for marker in item.iter_markers("feature"):
+            found = deviations.get(marker.args[0])
+            if found is not None:
+                mark = pytest.mark.skip if found["mode"] == "skip" else pytest.mark.xfail
+                item.add_marker(mark(reason=f"{target}: {found['reason']}"))

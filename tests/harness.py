@@ -1,7 +1,7 @@
 """The backends under test: read from backends/*/backend.toml, with per-library glue for tests.
 
-The glue here (making arrays from NumPy, reading them back, taking gradients) is test-only; the
-library itself never needs it.
+The glue here (making arrays from NumPy, reading them back, taking gradients, compiling) is
+test-only; the library itself never needs it.
 """
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from oracle import TOLERANCE
 
@@ -23,6 +25,7 @@ else:
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
+MODES = ("eager", "compiled", "dynamic")  # dynamic: torch.compile with dynamic shapes
 
 
 def load_specs() -> dict[str, dict[str, Any]]:
@@ -60,6 +63,17 @@ def default_ids() -> list[str]:
     return [name for name, spec in SPECS.items() if not spec.get("gpu-only") and installed(name)]
 
 
+def _probe(code: str) -> bool:
+    """Run a backend.toml probe (Python that prints True or False) in this process."""
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        exec(code, {})  # noqa: S102 - the project's own data
+    return "True" in buffer.getvalue()
+
+
 @dataclass
 class Backend:
     """One library on one device, as the tests see it."""
@@ -71,10 +85,16 @@ class Backend:
     device: Any
     dtypes: list[str]
     autograd: bool
-    deviations: list[dict[str, str]] = field(default_factory=list)
+    compilers: list[str] = field(default_factory=list)
+    deviations: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def dtype(self, name: str) -> Any:
         return getattr(self.xp, name)
+
+    @property
+    def index(self) -> str:
+        """The widest integer dtype: int32 for JAX without x64."""
+        return "int64" if self.name != "jax" or "float64" in self.dtypes else "int32"
 
     def asarray(self, a: Any, dtype: str | None = None) -> Any:
         """A NumPy array (or nested list) on this backend, in ``dtype`` (default: a's own)."""
@@ -82,8 +102,10 @@ class Backend:
         xp = self.xp
         if dtype is None:
             dtype = str(a.dtype)
+            if dtype == "int64":
+                dtype = self.index
         if a.dtype.kind in "iu":
-            return xp.asarray(a.tolist(), dtype=getattr(xp, str(a.dtype)), device=self.device)
+            return xp.asarray(a.astype(dtype), dtype=getattr(xp, dtype), device=self.device)
         # Go through float64 (or float32 for the 16-bit types) so values are rounded exactly once.
         wide = "float64" if dtype == "float64" else "float32"
         data = xp.asarray(a.astype(wide), dtype=getattr(xp, wide), device=self.device)
@@ -98,13 +120,11 @@ class Backend:
             return x.detach().cpu().numpy()
         if self.name == "cupy":
             return x.get()
-        if self.name == "mlx":
-            return np.array(x)
-        if self.name == "numpy":
+        if self.name in ("mlx", "numpy", "jax"):
             return np.asarray(x)
         return np.from_dlpack(x)
 
-    def vjp(self, fn: Any, x: Any, cotangent: Any) -> Any:
+    def vjp(self, fn: Callable[[Any], Any], x: Any, cotangent: Any) -> Any:
         """The vector-Jacobian product of ``fn`` at ``x`` with ``cotangent``."""
         if self.name == "torch":
             x = x.detach().clone().requires_grad_(True)
@@ -114,7 +134,28 @@ class Backend:
             mx = importlib.import_module("mlx.core")
             _, (grad,) = mx.vjp(lambda t: fn(t), [x], [cotangent])
             return grad
+        if self.name == "jax":
+            jax = importlib.import_module("jax")
+            _, pullback = jax.vjp(fn, x)
+            return pullback(cotangent)[0]
         raise NotImplementedError(f"{self.name} has no autograd")
+
+    def compile(self, fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
+        """``fn`` as ``mode`` runs it: eager, compiled (the backend's compiler) or, for torch, compiled
+        with dynamic shapes. Array arguments are traced; closed-over Python values are constants."""
+        if mode == "eager":
+            return fn
+        if self.name == "torch":
+            import torch
+
+            return torch.compile(fn, fullgraph=True, dynamic=mode == "dynamic")  # type: ignore[no-any-return]
+        if mode == "dynamic":
+            pytest.skip(f"dynamic shapes are torch.compile's ({self.name} traces per shape)")
+        if self.name == "jax":
+            return importlib.import_module("jax").jit(fn)  # type: ignore[no-any-return]
+        if self.name == "mlx":
+            return importlib.import_module("mlx.core").compile(fn)  # type: ignore[no-any-return]
+        pytest.skip(f"{self.name} has no compiler")
 
 
 def make_backend(target: str) -> Backend:
@@ -140,8 +181,8 @@ def make_backend(target: str) -> Backend:
         if not count:
             raise LookupError("cupy sees no CUDA device")
         probe = module.zeros(1)
-    elif name == "mlx":
-        probe = module.zeros(1)
+    elif name in ("mlx", "jax"):
+        probe = importlib.import_module("jax.numpy" if name == "jax" else "mlx.core").zeros(1)
     else:
         probe = module.asarray([0.0])
     from anyrope._compat import array_namespace, device_of
@@ -150,15 +191,18 @@ def make_backend(target: str) -> Backend:
     if device is None:
         device = device_of(xp, probe)
     assert array_api_compat.is_array_api_obj(probe)
+    probes = spec.get("probe", {})
+    dtypes = [d for d in spec["dtypes"] if d not in probes or _probe(probes[d])]
     return Backend(
         id=target,
         name=name,
         device_kind=kind,
         xp=xp,
         device=device,
-        dtypes=list(spec["dtypes"]),
+        dtypes=dtypes,
         autograd=bool(spec.get("autograd")),
-        deviations=list(spec.get("deviations", [])),
+        compilers=list(spec.get("compilers", [])),
+        deviations=dict(spec.get("deviations", {})),
     )
 
 

@@ -78,3 +78,26 @@ def sinusoidal(positions: np.ndarray, dim: int, base: float = 10000.0) -> np.nda
     out = np.empty((*angles.shape[:-1], dim))
     out[..., 0::2], out[..., 1::2] = np.sin(angles), np.cos(angles)
     return out
+
+
+# pi to 100 digits: the exact oracle reduces angles in decimal arithmetic with it.
+_PI = "3.1415926535897932384626433832795028841971693993751058209749445923078164062862089986280348253421170679"
+
+
+def exact_cos_sin(positions: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of ``p * theta`` for integer p of any size, the product and its reduction
+    modulo 2 pi done in 80-digit decimal arithmetic (theta taken as the exact float it is)."""
+    from decimal import Decimal, localcontext
+    from fractions import Fraction
+
+    with localcontext() as ctx:
+        ctx.prec = 80
+        two_pi = 2 * Decimal(_PI)
+        thetas = [Fraction(float(t)) for t in np.asarray(theta, dtype=np.float64)]
+        flat = [int(p) for p in np.asarray(positions).reshape(-1)]
+        angles = [
+            [float((Decimal(p * t.numerator) / Decimal(t.denominator)) % two_pi) for t in thetas] for p in flat
+        ]
+    shape = (*np.asarray(positions).shape, len(thetas))
+    a = np.asarray(angles, dtype=np.float64).reshape(shape)
+    return np.cos(a), np.sin(a)

@@ -8,23 +8,25 @@ device and dtype. No array library is imported until an array of it arrives.
 from __future__ import annotations
 
 from . import analysis, reference, scaling
-from ._fast import use_fast_paths
+from ._cache import TableCache, table_cache
 from ._layout import LAYOUTS, permute_qk_weight, to_layout
+from ._registry import Kernel, kernels, use_fast_paths
 from ._rerotate import rerotate
 from ._rope import RoPE
 from ._rotate import apply
 from ._sinusoidal import sinusoidal
-from ._tables import TableCache, table_cache
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LAYOUTS",
+    "Kernel",
     "RoPE",
     "TableCache",
     "__version__",
     "analysis",
     "apply",
+    "kernels",
     "permute_qk_weight",
     "reference",
     "rerotate",

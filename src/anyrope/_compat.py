@@ -1,25 +1,34 @@
-"""Array-library dispatch: which namespace an array belongs to, and the few gaps we paper over.
+"""Array-library dispatch: which namespace an array belongs to, what its device can do, and
+whether its values may be read on the host.
 
 Every backend goes through array-api-compat, which recognises NumPy, PyTorch, CuPy, JAX and Dask
 through ``sys.modules`` (so nothing is imported here) and falls back to ``__array_namespace__``.
-MLX arrives through that fallback; :class:`_MLXNamespace` wraps only what MLX lacks.
+MLX arrives through that fallback and is wrapped by :mod:`._mlx`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import threading
-from types import ModuleType
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import array_api_compat
 
+from ._mlx import MLXNamespace, mlx_namespace
+
 __all__ = [
+    "Environment",
     "array_namespace",
     "compute_dtype",
     "device_of",
-    "float64_scope",
+    "environment",
+    "host_array",
+    "int_info",
+    "is_library",
+    "is_mlx_namespace",
+    "is_traced",
+    "is_writeable",
     "isdtype",
     "library_name",
     "materialize",
@@ -28,17 +37,21 @@ __all__ = [
 
 
 def is_mlx_namespace(xp: Any) -> bool:
-    return isinstance(xp, _MLXNamespace)
+    return isinstance(xp, MLXNamespace)
+
+
+def is_library(xp: Any, name: str) -> bool:
+    """Whether ``xp`` is the namespace of library ``name`` ("numpy", "torch", "jax.numpy", "cupy",
+    "mlx", ...). A name check rather than array-api-compat's cached tests, which dynamo warns about."""
+    return library_name(xp) == name
 
 
 def library_name(xp: Any) -> str:
-    """A short, user-facing name for an array namespace ("numpy", "torch", "mlx", ...)."""
-    name = getattr(xp, "__name__", type(xp).__name__)
-    if name.startswith("array_api_compat."):
-        name = name.removeprefix("array_api_compat.")
-    if name == "mlx.core" or isinstance(xp, _MLXNamespace):
+    """A short, user-facing name for an array namespace ("numpy", "torch", "mlx", "jax.numpy", ...)."""
+    if isinstance(xp, MLXNamespace):
         return "mlx"
-    return name
+    name = getattr(xp, "__name__", type(xp).__name__)
+    return str(name).removeprefix("array_api_compat.")
 
 
 # An array's namespace depends only on its type: look each type up once. This keeps dispatch
@@ -54,14 +67,19 @@ def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
             xp = array_api_compat.array_namespace(value)
         except TypeError:
             raise TypeError(
-                f"{arg} must be an array of a supported library (NumPy, PyTorch, CuPy, MLX or any "
+                f"{arg} must be an array of a supported library (NumPy, PyTorch, CuPy, MLX, JAX or any "
                 f"array-API library), not {kind.__name__}"
             ) from None
-        lib = library_name(xp)
-        found = (_mlx_namespace(xp) if lib == "mlx" else xp, lib)
+        shim = mlx_namespace(xp) if getattr(xp, "__name__", "") == "mlx.core" else xp
+        found = (shim, library_name(shim))
         if not array_api_compat.is_dask_namespace(xp):  # dask's namespace follows its chunk type
             _by_type[kind] = found
     return found
+
+
+def is_array(value: Any) -> bool:
+    # Types already seen as arrays answer from the namespace cache (a dict lookup).
+    return type(value) in _by_type or array_api_compat.is_array_api_obj(value)
 
 
 def array_namespace(**named: Any) -> Any:
@@ -89,149 +107,194 @@ def array_namespace(**named: Any) -> Any:
 
 def device_of(xp: Any, x: Any) -> Any:
     """The device of ``x``; MLX arrays live in unified memory, so the default device's name stands in."""
-    if isinstance(xp, _MLXNamespace):
+    if isinstance(xp, MLXNamespace):
         return str(xp.default_device())  # a fresh Device object each call: keep a stable label
     device = getattr(x, "device", None)  # the standard's attribute; NumPy < 2 lacks it
     return device if device is not None else array_api_compat.device(x)
 
 
-def float64_scope(xp: Any, device: Any) -> contextlib.AbstractContextManager[None] | None:
-    """A context in which float64 arithmetic works for arrays on ``device``, or None.
+@dataclass(frozen=True)
+class Environment:
+    """What one library on one device offers the angle and position code.
 
-    Angles are formed in float64 so that large positions keep their precision. Where the device
-    cannot do float64 (Apple GPUs under MLX or PyTorch MPS, JAX without x64) the caller falls back
-    to an exact float32 scheme instead.
+    ``float64``: float64 arithmetic works on the device. ``angles``: how narrow (float32 and
+    smaller) tables are formed, "float64" (the device's own float64 cos and sin, then a cast) or
+    "digits" (exact host tables combined in float32 on the device, see :mod:`._angles`).
+    ``index``: the widest integer dtype there (int32 for JAX without x64).
     """
-    if isinstance(xp, _MLXNamespace):
-        # MLX's CPU stream does float64 and shares memory with the GPU, so the tables are
-        # computed there whatever the default device is.
-        return cast("contextlib.AbstractContextManager[None]", xp.stream(xp.cpu))
-    if array_api_compat.is_torch_namespace(xp):
-        if getattr(device, "type", "cpu") == "mps":
-            return None
-    elif array_api_compat.is_jax_namespace(xp):
-        import jax  # already imported: the array came from it
 
-        if not jax.config.read("jax_enable_x64"):
-            return None
-    elif not hasattr(xp, "float64"):
-        return None
+    library: str
+    device_type: str
+    float64: bool
+    angles: str
+    index: Any
+    index_bits: int
+
+
+_environments: dict[tuple[Any, ...], Environment] = {}
+
+
+def environment(xp: Any, device: Any) -> Environment:
+    jax_x64 = is_library(xp, "jax.numpy") and _jax_x64()
+    key = (library_name(xp), _hashable(device), jax_x64)
+    found = _environments.get(key)
+    if found is None:
+        found = _environments.setdefault(key, _probe(xp, device, jax_x64))
+    return found
+
+
+def _probe(xp: Any, device: Any, jax_x64: bool) -> Environment:
+    library = library_name(xp)
+    kind = str(getattr(device, "type", None) or getattr(device, "platform", None) or "cpu")
+    if library == "cupy":
+        kind = "cuda"
+    elif isinstance(xp, MLXNamespace):
+        kind = "gpu" if "gpu" in str(device).lower() else "cpu"
+    wide = hasattr(xp, "float64")
+    if library == "jax.numpy":
+        wide = jax_x64
+    elif library == "torch" and kind == "mps":
+        wide = False
+    bits = 32 if library == "jax.numpy" and not jax_x64 else 64
+    # MLX does float64 on its CPU stream only, and its float64 cos and sin are float32-accurate:
+    # exact host tables combined on the device serve every MLX device alike.
+    angles = "float64" if wide and not isinstance(xp, MLXNamespace) else "digits"
+    return Environment(library, kind, wide, angles, getattr(xp, f"int{bits}"), bits)
+
+
+def _jax_x64() -> bool:
+    import jax  # already imported: the array came from it
+
+    return bool(jax.config.read("jax_enable_x64"))
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return str(value)
+    return value
+
+
+def float64_scope(xp: Any) -> contextlib.AbstractContextManager[Any]:
+    """Where float64 arithmetic runs: MLX's CPU stream (its GPU has no float64), else anywhere."""
+    if isinstance(xp, MLXNamespace):
+        return cast("contextlib.AbstractContextManager[Any]", xp.stream(xp.cpu))
     return contextlib.nullcontext()
+
+
+def is_traced(xp: Any, x: Any) -> bool:
+    """Whether ``x`` is being traced or compiled, or holds no values: then nothing may read them.
+
+    torch: dynamo, ``torch.jit`` tracing, meta and fake tensors, functorch transforms and tensor
+    subclasses; JAX: tracers. MLX cannot tell from an array whether ``mx.compile`` is tracing, so
+    MLX arrays are never read at all.
+    """
+    library = library_name(xp)
+    if library == "torch":
+        return _torch_traced(x)
+    if library == "jax.numpy":
+        import jax
+
+        return isinstance(x, jax.core.Tracer)
+    return False
+
+
+def _torch_traced(x: Any) -> bool:
+    import torch
+
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True
+    if x.device.type == "meta":
+        return True
+    if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
+        return True  # FakeTensor, FunctionalTensor, DTensor, ...: values are not ours to read
+    return bool(torch._C._functorch.is_functorch_wrapped_tensor(x))
+
+
+def host_array(xp: Any, x: Any) -> Any:
+    """``x`` as a NumPy array sharing its memory where its values may be read on the host, else None.
+
+    Host-resident: NumPy arrays, and CPU torch tensors outside tracing. Everything else (GPUs,
+    JAX, MLX, lazy arrays) is read only through shapes, dtypes and devices.
+    """
+    library = library_name(xp)
+    if library == "numpy":
+        return x
+    if library == "torch" and x.device.type == "cpu" and not _torch_traced(x):
+        return x.detach().numpy()
+    return None
+
+
+def is_writeable(xp: Any, x: Any) -> bool:
+    """Whether ``x`` may be written in place (NumPy's read-only flag; JAX and MLX never)."""
+    library = library_name(xp)
+    if library == "numpy":
+        return bool(x.flags.writeable)
+    return library not in ("jax.numpy", "mlx")
 
 
 def materialize(xp: Any, *arrays: Any) -> None:
     """Finish computing lazy arrays before they are shared between threads (MLX evaluates lazily,
     and one graph evaluated from several threads at once gives wrong values)."""
-    if isinstance(xp, _MLXNamespace):
+    if isinstance(xp, MLXNamespace):
         xp.eval(*arrays)
 
 
 def take_rows(xp: Any, table: Any, indices: Any) -> Any:
-    """``xp.take(table, indices, axis=0)`` for non-negative indices.
+    """``xp.take(table, indices, axis=0)`` for 1-D indices that are in range by construction.
 
     array-api-compat's torch ``take`` also wraps negative indices, which costs a third of a
-    decode step; positions are never negative, so torch gets ``index_select`` directly.
+    decode step; these never are, so torch gets ``index_select`` directly.
     """
-    if array_api_compat.is_torch_namespace(xp):
+    if is_library(xp, "torch"):
         return table.index_select(0, indices)
     return xp.take(table, indices, axis=0)
 
 
-_kinds: dict[tuple[type, Any, str], bool] = {}
+# Facts about dtypes, remembered per dtype: they never change, and asking the library costs
+# microseconds a decode step notices. Keyed by the dtype's type first (dtypes of two libraries are
+# never compared). While dynamo traces, the memo is skipped: it cannot hash every dtype object.
+_dtype_facts: dict[tuple[str, type, Any], Any] = {}
 
 
-def isdtype(xp: Any, dtype: Any, kind: str) -> bool:
-    """``xp.isdtype`` remembered per dtype: a dtype's kind never changes, and the per-call cost
-    of array-api-compat's version shows on the decode path."""
-    key = (type(dtype), dtype, kind)  # the type first: dtypes of two libraries are never compared
-    found = _kinds.get(key)
+def _dtype_fact(xp: Any, what: str, dtype: Any, compute: Callable[[], Any]) -> Any:
+    if is_library(xp, "torch") and _torch_compiling():
+        return compute()
+    key = (what, type(dtype), dtype)
+    found = _dtype_facts.get(key)
     if found is None:
-        found = _kinds[key] = bool(xp.isdtype(dtype, kind))
+        found = _dtype_facts[key] = compute()
     return found
 
 
+def _torch_compiling() -> bool:
+    import torch
+
+    return bool(torch.compiler.is_compiling())
+
+
+def isdtype(xp: Any, dtype: Any, kind: str) -> bool:
+    """``xp.isdtype``, remembered."""
+    return bool(_dtype_fact(xp, kind, dtype, lambda: xp.isdtype(dtype, kind)))
+
+
+def float_bits(xp: Any, dtype: Any) -> int:
+    """The width of a floating dtype in bits (64 for NumPy's big-endian float64 too)."""
+    return int(_dtype_fact(xp, "float bits", dtype, lambda: xp.finfo(dtype).bits))
+
+
+def int_info(xp: Any, dtype: Any) -> tuple[int, bool]:
+    """(bits, signed) of an integer dtype (from ``iinfo``'s bounds: MLX's has no ``bits``)."""
+
+    def compute() -> tuple[int, bool]:
+        info = xp.iinfo(dtype)
+        signed = int(info.min) < 0
+        return int(info.max).bit_length() + signed, signed
+
+    return _dtype_fact(xp, "int info", dtype, compute)  # type: ignore[no-any-return]
+
+
 def compute_dtype(xp: Any, dtype: Any) -> Any:
-    """The dtype RoPE arithmetic runs in: float64 stays, everything narrower runs in float32."""
-    return xp.float64 if hasattr(xp, "float64") and dtype == xp.float64 else xp.float32
-
-
-class _MLXNamespace:
-    """``mlx.core`` with the array-API keywords it does not take (``device=``, ``copy=``).
-
-    MLX arrays live in unified memory, so ``device=`` has nothing to choose and is dropped.
-    """
-
-    __name__ = "mlx.core"
-
-    def __init__(self, mx: ModuleType) -> None:
-        self._mx = mx
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._mx, name)
-
-    def asarray(self, obj: Any, /, *, dtype: Any = None, device: Any = None, copy: Any = None) -> Any:  # noqa: ARG002
-        return self._mx.array(obj, dtype=dtype) if dtype is not None else self._mx.array(obj)
-
-    def arange(self, *args: Any, device: Any = None, **kwargs: Any) -> Any:  # noqa: ARG002
-        return self._mx.arange(*args, **kwargs)
-
-    def zeros(self, shape: Any, *, dtype: Any = None, device: Any = None) -> Any:  # noqa: ARG002
-        return self._mx.zeros(shape, dtype=dtype if dtype is not None else self._mx.float32)
-
-    def astype(self, x: Any, dtype: Any, /, *, copy: bool = True, device: Any = None) -> Any:  # noqa: ARG002
-        if not copy and x.dtype == dtype:
-            return x
-        return self._mx.astype(x, dtype)
-
-    # MLX evaluates float64 cos and sin to float32 accuracy only (0.02 off near 1.7e6 rad), while
-    # its float64 multiply and add are exact: float64 inputs take an accurate route instead.
-    def cos(self, x: Any, /) -> Any:
-        if x.dtype != self._mx.float64:
-            return self._mx.cos(x)
-        return _sin_cos_float64(self._mx, x, phase=1)
-
-    def sin(self, x: Any, /) -> Any:
-        if x.dtype != self._mx.float64:
-            return self._mx.sin(x)
-        return _sin_cos_float64(self._mx, x, phase=0)
-
-
-# pi/2 split into parts of 33 bits or fewer (fdlibm's), so n * part is exact for |n| < 2**20.
-_PIO2 = (1.57079632673412561417e00, 6.07710050630396597660e-11, 2.02226624871116645580e-21)
-_SIN_TAYLOR = tuple((-1) ** k / math.factorial(2 * k + 1) for k in range(10))
-_COS_TAYLOR = tuple((-1) ** k / math.factorial(2 * k) for k in range(10))
-
-
-def _sin_cos_float64(mx: Any, x: Any, *, phase: int) -> Any:
-    """sin (phase 0) or cos (phase 1) of a float64 array with float64 arithmetic only.
-
-    x = n * pi/2 + r with |r| <= pi/4 (Cody-Waite); Taylor series to degree 19 on r leave an
-    error near 1e-19, far below the rounding of r itself.
-    """
-    n = mx.round(x * (2 / math.pi))
-    r = x - n * _PIO2[0] - n * _PIO2[1] - n * _PIO2[2]
-    r2 = r * r
-
-    def series(coefficients: tuple[float, ...]) -> Any:
-        total = mx.full(r.shape, coefficients[-1], dtype=mx.float64)
-        for c in reversed(coefficients[:-1]):
-            total = total * r2 + c
-        return total
-
-    sin_r, cos_r = r * series(_SIN_TAYLOR), series(_COS_TAYLOR)
-    quadrant = mx.remainder(n + phase, 4)  # sin(r + q pi/2) = sin r, cos r, -sin r, -cos r
-    value = mx.where(mx.remainder(quadrant, 2) == 0, sin_r, cos_r)
-    return mx.where(quadrant >= 2, -value, value)
-
-
-_mlx_lock = threading.Lock()
-_mlx_cache: dict[int, _MLXNamespace] = {}
-
-
-def _mlx_namespace(mx: ModuleType) -> _MLXNamespace:
-    key = id(mx)
-    shim = _mlx_cache.get(key)
-    if shim is None:
-        with _mlx_lock:
-            shim = _mlx_cache.setdefault(key, _MLXNamespace(mx))
-    return shim
+    """The dtype RoPE arithmetic runs in: float64 for 64-bit floats, float32 for everything narrower."""
+    return xp.float64 if float_bits(xp, dtype) == 64 else xp.float32

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._compat import array_namespace, compute_dtype, device_of
-from ._positions import as_index_array, is_array, plain_offset
+from ._compat import array_namespace, compute_dtype, device_of, environment, is_array, is_traced
+from ._plan import Job, PositionAngles, _grad
+from ._positions import position_spec
+from ._registry import rotate
 from ._rope import RoPE
-from ._rotate import check_input, normalize_seq_axis, rotate
-from ._tables import cos_sin
+from ._rotate import GivenTables, check_input, normalize_seq_axis
 
 __all__ = ["rerotate"]
 
@@ -27,15 +28,17 @@ def rerotate(
     new: RoPE,
     *,
     positions: Any = None,
-    offset: int = 0,
+    offset: Any = 0,
     seq_axis: int = -2,
     old_length: int | None = None,
     new_length: int | None = None,
 ) -> Any:
     """Turn keys rotated by ``old`` into the keys ``new`` would have produced.
 
-    For each pair, the keys turn by ``p * (theta_new - theta_old)`` (one rotation, formed in
-    float64) and are rescaled by ``new.attention_scaling / old.attention_scaling``.
+    For each pair, the keys turn back by ``old``'s angle and on by ``new``'s (one rotation, by
+    the difference, whose cos and sin come from both tables) and are rescaled by
+    ``new.attention_scaling / old.attention_scaling``. Traceable like a call: under tracing or on
+    an accelerator, lengths that depend on the positions are taken on the device.
 
     Parameters
     ----------
@@ -45,7 +48,7 @@ def rerotate(
         The configurations the keys were rotated with and should be rotated with. They must
         agree on head_dim, rotary_dim and layout.
     positions, offset :
-        Where the keys sit, as for :meth:`RoPE.__call__` (``offset`` must be one int here).
+        Where the keys sit, as for :meth:`RoPE.__call__`.
     old_length, new_length : int, optional
         The sequence lengths (``max(positions) + 1``) at which each configuration's frequencies
         are taken, for methods whose frequencies depend on it (``DynamicNTK``, ``LongRoPE``).
@@ -72,31 +75,27 @@ def rerotate(
                 f"old and new must share {attr} (got {getattr(old, attr)!r} and {getattr(new, attr)!r}); "
                 "convert the layout first with to_layout"
             )
-    xp = array_namespace(k=k, positions=positions if is_array(positions) else None)
+    named = {"k": k}
+    for arg, value in (("positions", positions), ("offset", offset)):
+        if type(value) is not int and value is not None and is_array(value):
+            named[arg] = value
+    xp = array_namespace(**named)
     check_input(xp, k, arg="k", head_dim=old.head_dim)
     axis = normalize_seq_axis(seq_axis, k.ndim, arg="k")
     device = device_of(xp, k)
-    seq = k.shape[axis]
-    if positions is None:
-        start = plain_offset(offset)
-        if start is None:
-            raise TypeError("rerotate takes one int offset; give per-row positions with positions=")
-        positions = xp.arange(start, start + seq, dtype=xp.int64, device=device)
-        last = start + seq
-    else:
-        positions = as_index_array(xp, positions, device=device, arg="positions", ndims=(1, 2))
-        if positions.shape[-1] != seq:
-            raise ValueError(f"positions has {positions.shape[-1]} entries per row but k has {seq} positions")
-        last = int(xp.max(positions)) + 1 if seq else 0
-    before = old._at(old_length if old_length is not None else last)
-    after = new._at(new_length if new_length is not None else last)
-    delta = tuple(b - a for a, b in zip(before.inv_freq, after.inv_freq, strict=True))
-    cos, sin = cos_sin(
-        xp,
-        positions,
-        delta,
-        dtype=compute_dtype(xp, k.dtype),
-        device=device,
-        scale=after.scale / before.scale,
-    )
-    return rotate(xp, k, cos, sin, layout=new.layout, inverse=False, seq_axis=axis)
+    env = environment(xp, device)
+    spec = position_spec(xp, env, positions, offset, device)
+    spec.check(k, "k", axis)
+    traced = any(is_traced(xp, v) for v in named.values())
+    seq, compute = k.shape[axis], compute_dtype(xp, k.dtype)
+    work = xp.float64 if env.float64 else compute  # the difference of two rotations, formed wide
+    tables = []
+    for rope, length in ((old, old_length), (new, new_length)):
+        fixed = rope if length is None else rope.at_length(length)
+        tables.append(PositionAngles(fixed, xp, env, spec, device, traced, seq).tables(seq, work))
+    (c_old, s_old), (c_new, s_new) = tables
+    rescale = 1.0 / old.attention_scaling**2  # the product carries both scales; keep new / old
+    cos = xp.astype((c_new * c_old + s_new * s_old) * rescale, compute)
+    sin = xp.astype((s_new * c_old - c_new * s_old) * rescale, compute)
+    job = Job(xp, env, k, "k", axis, new.layout, False, None, GivenTables(cos, sin), traced, _grad(xp, [("k", k)]), compute)
+    return rotate(job)

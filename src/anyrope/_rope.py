@@ -5,34 +5,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._compat import array_namespace, compute_dtype, device_of, isdtype, materialize, take_rows
-from ._fast import fast_paths_enabled
-from ._fast.cpu_positions import rotate_at
+from ._args import check_int
+from ._cache import table_cache, untracked
+from ._compat import Environment, array_namespace, compute_dtype, device_of, environment, is_array, is_traced, isdtype, library_name, materialize
+from ._frequencies import Frequencies, LengthSwitch, Spectrum
 from ._layout import Layout, check_rotary_dim, normalize_layout
-from ._positions import as_index_array, is_array, plain_offset
-from ._rotate import check_input, check_out, normalize_seq_axis, rotate
-from ._tables import cache_key, cos_sin, table_cache
+from ._positions import Offset, position_spec
 from .scaling import Scaling
 
 __all__ = ["RoPE"]
-
-
-class _Frequencies:
-    """Hashable frequencies and table scale; the hash is computed once, as keys are built per call."""
-
-    __slots__ = ("_hash", "inv_freq", "scale")
-
-    def __init__(self, inv_freq: tuple[float, ...], scale: float) -> None:
-        self.inv_freq, self.scale = inv_freq, scale
-        self._hash = hash((inv_freq, scale))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, _Frequencies) and self.inv_freq == other.inv_freq and self.scale == other.scale
-        )
 
 
 class RoPE:
@@ -70,16 +51,7 @@ class RoPE:
     True
     """
 
-    __slots__ = (
-        "_base",
-        "_by_length",
-        "_freqs",
-        "_head_dim",
-        "_layout",
-        "_max_position",
-        "_rotary_dim",
-        "_scaling",
-    )
+    __slots__ = ("_base", "_head_dim", "_layout", "_max_position", "_rotary_dim", "_scaling", "_spectrum")
 
     def __init__(
         self,
@@ -91,10 +63,7 @@ class RoPE:
         scaling: Any = None,
         max_position: int | None = None,
     ) -> None:
-        if isinstance(head_dim, bool) or not isinstance(head_dim, int):
-            raise TypeError(f"head_dim must be an int, not {type(head_dim).__name__}")
-        if head_dim <= 0 or head_dim % 2:
-            raise ValueError(f"head_dim={head_dim} must be a positive even number (features rotate in pairs)")
+        head_dim = check_int(head_dim, "head_dim", low=1, even=True, why=" (features rotate in pairs)")
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         check_rotary_dim(rotary_dim, head_dim)
         if (
@@ -104,10 +73,8 @@ class RoPE:
             or base <= 0
         ):
             raise ValueError(f"base={base!r} must be a positive finite number (10000.0 in most models)")
-        if max_position is not None and (
-            isinstance(max_position, bool) or not isinstance(max_position, int) or max_position <= 0
-        ):
-            raise ValueError(f"max_position={max_position!r} must be a positive int or None")
+        if max_position is not None:
+            max_position = check_int(max_position, "max_position", low=1, why=" or None")
         if scaling is not None and not isinstance(scaling, Scaling):
             raise TypeError(
                 f"scaling must be None or a method from anyrope.scaling (Linear, NTKAware, DynamicNTK, "
@@ -120,8 +87,7 @@ class RoPE:
         self._layout: Layout = normalize_layout(layout)
         self._max_position = max_position
         self._scaling: Scaling = scaling if scaling is not None else Scaling()
-        self._by_length: dict[int, _Frequencies] = {}
-        self._freqs = self._compute(None)
+        self._spectrum = Spectrum(self._scaling, rotary_dim, self._base, max_position, None)
 
     @classmethod
     def from_hf_config(cls, config: Any, *, layout: str | None = None, layer_type: str | None = None) -> RoPE:
@@ -184,13 +150,11 @@ class RoPE:
         For methods that change with the sequence (``DynamicNTK``, ``LongRoPE``) these are the
         frequencies within the original context; see :meth:`inv_freq_at`.
         """
-        return self._freqs.inv_freq
+        return self._spectrum.at(None).inv_freq
 
     def inv_freq_at(self, seq_len: int) -> tuple[float, ...]:
         """The frequencies used for a sequence of ``seq_len`` positions (``max(positions) + 1``)."""
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
-            raise ValueError(f"seq_len={seq_len!r} must be a non-negative int")
-        return self._at(seq_len).inv_freq
+        return self._spectrum.at(check_int(seq_len, "seq_len", low=0)).inv_freq
 
     @property
     def attention_scaling(self) -> float:
@@ -198,39 +162,38 @@ class RoPE:
 
         1.0 for plain RoPE; YaRN's and LongRoPE's attention factors otherwise, as in transformers.
         """
-        return self._freqs.scale
+        return self._spectrum.at(None).scale
 
-    def _compute(self, seq_len: int | None) -> _Frequencies:
-        inv_freq, scale = self._scaling.frequencies(
-            self._rotary_dim, self._base, seq_len=seq_len, max_position=self._max_position
-        )
-        return _Frequencies(tuple(float(f) for f in inv_freq), float(scale))
+    @property
+    def fixed_length(self) -> int | None:
+        """The sequence length whose frequencies every call uses (see :meth:`at_length`), or None."""
+        return self._spectrum.fixed
 
-    def _at(self, seq_len: int | None) -> _Frequencies:
-        """Frequencies for a sequence length; the same object for every length that shares them."""
-        if seq_len is None or not self._scaling.length_dependent:
-            return self._freqs
-        found = self._by_length.get(seq_len)
-        if found is None:
-            found = self._compute(seq_len)
-            if found == self._freqs:
-                found = self._freqs
-            if len(self._by_length) >= 256:  # decoding under DynamicNTK meets every length once
-                self._by_length.clear()
-            self._by_length[seq_len] = found
-        return found
+    def at_length(self, seq_len: int) -> RoPE:
+        """This RoPE with the frequencies of ``seq_len`` fixed for every call.
 
-    def _length(self, xp: Any, where: tuple[str, Any], seqs: list[int]) -> int | None:
-        """``max(positions) + 1`` where the frequencies depend on it (a device sync for arrays)."""
-        if not self._scaling.length_dependent:
-            return None
-        kind, value = where
-        if kind == "offset":
-            return int(value) + max(seqs)
-        if math.prod(value.shape) == 0:
-            return None
-        top = int(xp.max(value))
-        return top + (max(seqs) if kind == "rows" else 1)
+        ``DynamicNTK`` and ``LongRoPE`` choose their frequencies from ``max(positions) + 1``, so
+        keys cached at a shorter length carry other angles than later queries (see
+        :func:`anyrope.rerotate`). Fixing the length up front, as vLLM does with
+        ``max_position_embeddings * factor``, keeps every cached key valid and needs no look at the
+        positions at all, at the price of scaled frequencies for short sequences too.
+
+        >>> import anyrope
+        >>> from anyrope.scaling import DynamicNTK
+        >>> rope = anyrope.RoPE(8, scaling=DynamicNTK(2.0, original_max_position=16))
+        >>> static = rope.at_length(64)
+        >>> static.inv_freq == rope.inv_freq_at(64)
+        True
+        """
+        seq_len = check_int(seq_len, "seq_len", low=1)
+        fixed = object.__new__(RoPE)
+        for name in ("_head_dim", "_rotary_dim", "_base", "_layout", "_max_position", "_scaling"):
+            setattr(fixed, name, getattr(self, name))
+        fixed._spectrum = Spectrum(self._scaling, self._rotary_dim, self._base, self._max_position, seq_len)
+        return fixed
+
+    def _frequencies_for(self, length: int | None, traced: bool) -> Frequencies | LengthSwitch:  # noqa: ARG002
+        return self._spectrum.for_call(length)
 
     def __repr__(self) -> str:
         parts = [f"{self._head_dim}", f"base={self._base!r}"]
@@ -241,65 +204,49 @@ class RoPE:
             parts.append(f"scaling={self.scaling!r}")
         if self._max_position is not None:
             parts.append(f"max_position={self._max_position}")
-        return f"RoPE({', '.join(parts)})"
+        text = f"RoPE({', '.join(parts)})"
+        return text if self._spectrum.fixed is None else f"{text}.at_length({self._spectrum.fixed})"
 
     def cos_sin(self, positions: Any, *, like: Any) -> tuple[Any, Any]:
         """Compact tables for ``positions``: shape ``positions.shape + (rotary_dim // 2,)``.
 
         They come in ``like``'s library, device and dtype, ready for :func:`anyrope.apply`.
-        Angles are formed in float64 and only the final values are cast.
+        Angles are formed exactly on the device (see the positions guide) and only the final
+        values are cast; positions may be any integers, and any integer array of ``like``'s library.
         """
+        from ._plan import PositionAngles
+
         xp = array_namespace(like=like, positions=positions if is_array(positions) else None)
         if not isdtype(xp, like.dtype, "real floating"):
             raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
         device = device_of(xp, like)
-        positions = as_index_array(xp, positions, device=device, arg="positions", ndims=None)
-        freqs = self._at(self._length(xp, ("positions", positions), [1]))
-        return _tables(xp, positions, freqs, like.dtype, device)
+        env = environment(xp, device)
+        spec = position_spec(xp, env, positions, 0, device, ndims=None)
+        traced = is_traced(xp, like) or (is_array(positions) and is_traced(xp, positions))
+        angles = PositionAngles(self, xp, env, spec, device, traced, 0)  # explicit positions: no seq
+        cos, sin = angles.tables(0, compute_dtype(xp, like.dtype))
+        return xp.astype(cos, like.dtype, copy=False), xp.astype(sin, like.dtype, copy=False)
 
     def _prefix(
-        self, xp: Any, freqs: _Frequencies, length: int, dtype: Any, device: Any
+        self, xp: Any, env: Environment, freqs: Frequencies, length: int, dtype: Any, device: Any
     ) -> tuple[Any, Any] | None:
         """Cached tables for positions 0 .. length - 1 or more, or None where none are kept."""
-        if freqs is not self._freqs and self._scaling.continuous:
+        if not self._spectrum.cacheable(freqs):
             return None  # DynamicNTK past the original length: new frequencies at every length
 
         def build(n: int) -> tuple[Any, Any]:
-            cos, sin = _tables(xp, xp.arange(n, dtype=xp.int64, device=device), freqs, dtype, device)
+            from ._angles import cos_sin
+            from ._plan import scaled
+
+            with untracked(xp):
+                positions = Offset(0).positions(xp, env, n, device)
+                cos, sin = scaled(xp, cos_sin(xp, env, positions, freqs.inv_freq, dtype=dtype, device=device), freqs.scale)
             materialize(xp, cos, sin)  # the cache shares them across threads
             return cos, sin
 
-        row_bytes = self._rotary_dim * _itemsize(xp, dtype)
-        key = cache_key(xp, device, dtype, freqs)
-        hint = self._max_position or 0
-        return table_cache.prefix(key, length, build, row_bytes=row_bytes, hint=hint)
-
-    def _range_tables(
-        self, xp: Any, freqs: _Frequencies, start: int, length: int, dtype: Any, device: Any
-    ) -> tuple[Any, Any]:
-        """Rows start .. start + length - 1, sliced from the cached prefix table where it fits."""
-        cached = self._prefix(xp, freqs, start + length, dtype, device)
-        if cached is None:
-            rows = xp.arange(start, start + length, dtype=xp.int64, device=device)
-            return _tables(xp, rows, freqs, dtype, device)
-        cos, sin = cached
-        return cos[start : start + length, ...], sin[start : start + length, ...]
-
-    def _gathered_tables(
-        self, xp: Any, positions: Any, freqs: _Frequencies, dtype: Any, device: Any
-    ) -> tuple[Any, Any]:
-        """Tables for arbitrary positions: rows gathered from the cached prefix where it fits.
-
-        The cached rows are the ones a direct computation gives, so both routes agree exactly.
-        """
-        count = math.prod(positions.shape)
-        cached = self._prefix(xp, freqs, int(xp.max(positions)) + 1, dtype, device) if count else None
-        if cached is None:
-            return _tables(xp, positions, freqs, dtype, device)
-        flat = xp.reshape(positions, (count,))
-        shape = (*positions.shape, self._rotary_dim // 2)
-        cos, sin = (xp.reshape(take_rows(xp, table, flat), shape) for table in cached)
-        return cos, sin
+        row_bytes = self._rotary_dim * (8 if dtype == getattr(xp, "float64", None) else 4)
+        key = (freqs, library_name(xp), env.device_type, _hashable(device), _hashable(dtype))
+        return table_cache.prefix(key, length, build, row_bytes=row_bytes, hint=self._max_position or 0)
 
     def __call__(
         self,
@@ -319,10 +266,13 @@ class RoPE:
             ``(..., seq, head_dim)`` with ``seq_axis=-2``, or ``(batch, seq, heads, head_dim)`` with
             ``seq_axis=-3``. k may have another head count (grouped-query attention).
         positions : array or sequence of int, optional
-            Integer positions, shape ``(seq,)`` or ``(batch, seq)`` (aligned with the first axis).
-        offset : int or sequence of int
+            Integer positions, shape ``(seq,)`` or ``(batch, seq)`` (aligned with the first axis),
+            of any integer dtype; negative positions turn the other way.
+        offset : int, array or sequence of int
             Positions ``offset, offset + 1, ...``: the number of tokens already in the KV cache,
-            or one such count per batch row. Ignored when ``positions`` is given.
+            as one int, a 0-d integer array (traced under ``jax.jit``, say), or one per batch
+            row (negative for left-padded rows, as mlx-lm's batched cache passes). Ignored when
+            ``positions`` is given.
         seq_axis : int
             The sequence axis of q and k.
         inplace : bool
@@ -333,122 +283,22 @@ class RoPE:
         -------
         array or (array, array)
             The rotated q, or (q, k), in the inputs' library, device and dtype.
+
+        Notes
+        -----
+        Only shapes, dtypes and devices are read from arrays on accelerators or under tracing
+        (``torch.compile``, ``jax.jit``, ``mx.compile``): angles are formed on the device, and
+        ``DynamicNTK`` and ``LongRoPE`` pick their frequencies there. Positions known on the host
+        (Python ints, NumPy arrays, CPU tensors) also select cached tables and CPU kernels.
         """
-        named = {"q": q, "k": k}
-        if is_array(positions):
-            named["positions"] = positions
-        if is_array(offset):
-            named["offset"] = offset
-        xp = array_namespace(**named)
-        check_input(xp, q, arg="q", head_dim=self._head_dim)
-        if k is not None:
-            check_input(xp, k, arg="k", head_dim=self._head_dim)
-        device = device_of(xp, q)
-        where: tuple[str, Any]
-        if positions is not None:
-            if not (type(offset) is int and offset == 0):
-                raise ValueError(
-                    "pass positions or offset, not both (positions already say where each token is)"
-                )
-            where = ("positions", as_index_array(xp, positions, device=device, arg="positions", ndims=(1, 2)))
-        else:
-            start = plain_offset(offset)
-            if start is None:
-                where = ("rows", as_index_array(xp, offset, device=device, arg="offset", ndims=(1,)))
-            else:
-                where = ("offset", start)
-        named_arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
-        if inplace:
-            for arg, x in named_arrays:
-                check_out(xp, x, x, arg=arg)
-        axes = [normalize_seq_axis(seq_axis, x.ndim, arg=arg) for arg, x in named_arrays]
-        seqs = [x.shape[axis] for (_, x), axis in zip(named_arrays, axes, strict=True)]
-        freqs = self._at(self._length(xp, where, seqs))
-        pairs = list(zip(named_arrays, axes, strict=True))
-        for (arg, x), axis in pairs:
-            _check_positions(x, arg, where, axis)
-        if fast_paths_enabled() and (freqs is self._freqs or not self._scaling.continuous):
-            dtype = compute_dtype(xp, q.dtype)
-            fused = rotate_at(
-                xp, [x for _, x in named_arrays], axes, where,
-                lambda n: self._prefix(xp, freqs, n, dtype, device), layout=self._layout, inplace=inplace,
-            )  # fmt: skip
-            if fused is not None:
-                return fused[0] if k is None else (fused[0], fused[1])
-        tables: dict[tuple[int, str], tuple[Any, Any]] = {}  # q and k usually share them
-        prepared = [self._prepare(xp, x, where, axis, device, freqs, tables) for (arg, x), axis in pairs]
-        out = [
-            rotate(
-                xp, x, cos, sin, layout=self._layout, inverse=False, seq_axis=axis, out=x if inplace else None
-            )
-            for ((_, x), axis), (cos, sin) in zip(pairs, prepared, strict=True)
-        ]
-        return out[0] if k is None else (out[0], out[1])
+        from ._plan import rope_call
 
-    def _prepare(
-        self,
-        xp: Any,
-        x: Any,
-        where: tuple[str, Any],
-        axis: int,
-        device: Any,
-        freqs: _Frequencies,
-        tables: dict[tuple[int, str], tuple[Any, Any]],
-    ) -> tuple[Any, Any]:
-        """x's (cos, sin), shared through ``tables`` by arrays of one length and compute dtype."""
-        seq = x.shape[axis]
-        dtype = compute_dtype(xp, x.dtype)
-        kind, value = where
-        key = (seq, str(dtype))
-        if key not in tables:
-            if kind == "offset":
-                tables[key] = self._range_tables(xp, freqs, value, seq, dtype, device)
-            else:
-                if kind == "rows":
-                    value = value[:, None] + xp.arange(seq, dtype=value.dtype, device=device)
-                tables[key] = self._gathered_tables(xp, value, freqs, dtype, device)
-        return tables[key]
+        return rope_call(self, q, k, positions, offset, seq_axis, inplace)
 
 
-_itemsizes: dict[tuple[type, Any], int] = {}
-
-
-def _itemsize(xp: Any, dtype: Any) -> int:
-    key = (type(dtype), dtype)  # the type first: dtypes of two libraries are never compared
-    size = _itemsizes.get(key)
-    if size is None:
-        size = _itemsizes[key] = xp.finfo(dtype).bits // 8
-    return size
-
-
-def _check_positions(x: Any, arg: str, where: tuple[str, Any], axis: int) -> None:
-    """Per-row positions or offsets must match x's batch, and positions its sequence length."""
-    kind, value = where
-    if kind == "rows":
-        _check_batch(x, arg, axis, value.shape[0], "offset")
-    elif kind == "positions":
-        seq = x.shape[axis]
-        if value.shape[-1] != seq:
-            raise ValueError(
-                f"positions has {value.shape[-1]} entries per row but {arg} has {seq} "
-                f"positions along its sequence axis ({axis})"
-            )
-        if value.ndim == 2:
-            _check_batch(x, arg, axis, value.shape[0], "positions")
-
-
-def _tables(xp: Any, positions: Any, freqs: _Frequencies, dtype: Any, device: Any) -> tuple[Any, Any]:
-    return cos_sin(xp, positions, freqs.inv_freq, dtype=dtype, device=device, scale=freqs.scale)
-
-
-def _check_batch(x: Any, arg: str, axis: int, batch: int, source: str) -> None:
-    if x.ndim + axis < 1:
-        raise ValueError(
-            f"per-row {source} align with {arg}'s first axis, but {arg} of shape {tuple(x.shape)} has "
-            "no batch axis before its sequence axis"
-        )
-    if batch not in (1, x.shape[0]):
-        raise ValueError(
-            f"{source} has {batch} rows but {arg} has batch size {x.shape[0]} (axis 0); give one row "
-            "per batch entry"
-        )
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return str(value)
+    return value

@@ -1,4 +1,4 @@
-"""The rotation itself, in the O(d) elementwise form, for compact cos/sin tables.
+"""The rotation in the O(d) elementwise form, the checks every front end shares, and :func:`apply`.
 
 Pair i of a head, (a, b), becomes (a cos - b sin, b cos + a sin); which features form pair i
 is the layout. Tables hold one value per pair, shape (seq, r/2) or (batch, seq, r/2).
@@ -8,24 +8,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._compat import array_namespace, compute_dtype, isdtype
-from ._fast import rotate_fast
+from ._args import check_int
+from ._compat import (
+    array_namespace,
+    compute_dtype,
+    device_of,
+    environment,
+    float_bits,
+    is_library,
+    is_mlx_namespace,
+    is_traced,
+    is_writeable,
+    isdtype,
+    library_name,
+)
 from ._layout import Layout, normalize_layout
 
-__all__ = ["apply", "check_input", "check_out", "normalize_seq_axis", "rotate", "rotate_generic"]
+__all__ = ["apply", "check_input", "check_writable", "normalize_seq_axis", "rotate_generic"]
 
 
 def check_input(xp: Any, x: Any, *, arg: str, head_dim: int | None = None) -> None:
-    """x must be a floating array with at least (seq, head_dim) axes."""
+    """x must be a dense floating array of at most 64-bit floats with at least (seq, head_dim) axes."""
     if not isdtype(xp, x.dtype, "real floating"):
         raise TypeError(
             f"{arg} must be a real floating-point array (float16, bfloat16, float32 or float64), "
             f"got dtype {x.dtype}; cast it first, e.g. with astype"
         )
-    if x.ndim < 2:
-        raise ValueError(
-            f"{arg} must have at least two axes (..., seq, head_dim), got shape {tuple(x.shape)}"
+    if float_bits(xp, x.dtype) > 64:
+        raise TypeError(
+            f"{arg} has dtype {x.dtype} (extended precision); anyrope rotates in float64 at most, "
+            f"so cast {arg} to float64 first rather than lose precision silently"
         )
+    if is_library(xp, "torch") and x.layout is not _strided():
+        raise TypeError(
+            f"{arg} is a {x.layout} tensor; RoPE rotates dense (strided) tensors: pass {arg}.to_dense()"
+        )
+    if x.ndim < 2:
+        raise ValueError(f"{arg} must have at least two axes (..., seq, head_dim), got shape {tuple(x.shape)}")
     if head_dim is not None and x.shape[-1] != head_dim:
         raise ValueError(
             f"{arg}.shape[-1]={x.shape[-1]} does not match head_dim={head_dim}; the last axis must "
@@ -33,10 +52,15 @@ def check_input(xp: Any, x: Any, *, arg: str, head_dim: int | None = None) -> No
         )
 
 
+def _strided() -> Any:
+    import torch
+
+    return torch.strided
+
+
 def normalize_seq_axis(seq_axis: int, ndim: int, *, arg: str = "x") -> int:
     """``seq_axis`` as a negative index, checked against an array of ``ndim`` axes."""
-    if isinstance(seq_axis, bool) or not isinstance(seq_axis, int):
-        raise TypeError(f"seq_axis must be an int, not {type(seq_axis).__name__}")
+    seq_axis = check_int(seq_axis, "seq_axis")
     axis = seq_axis - ndim if seq_axis >= 0 else seq_axis
     if not -ndim <= axis <= -2:
         raise ValueError(
@@ -44,6 +68,52 @@ def normalize_seq_axis(seq_axis: int, ndim: int, *, arg: str = "x") -> int:
             "(..., seq, head_dim) or -3 for (batch, seq, heads, head_dim)"
         )
     return axis
+
+
+def check_writable(xp: Any, named: list[tuple[str, Any]], *, how: str = "inplace=", traced: bool = False) -> None:
+    """Everything in-place writing needs, checked for every array before any is written."""
+    if is_mlx_namespace(xp) or is_library(xp, "jax.numpy"):
+        raise TypeError(
+            f"{how} needs mutable arrays (NumPy, PyTorch, CuPy); {library_name(xp)} arrays "
+            "are immutable, so use the returned array"
+        )
+    for arg, x in named:
+        if not is_writeable(xp, x):
+            raise ValueError(f"{arg} is read-only; {how} would write into it: pass a writable copy")
+        if getattr(x, "requires_grad", False) and getattr(xp, "is_grad_enabled", lambda: False)():
+            raise ValueError(f"{arg} requires grad: rotating in place would break autograd; drop {how.rstrip('=')}")
+    for i, (first, a) in enumerate(named):
+        for second, b in named[i + 1 :]:
+            if a is b or (not traced and _overlap(xp, a, b)):
+                raise ValueError(
+                    f"{first} and {second} share memory: in place, it would be rotated twice; "
+                    f"rotate it once (pass it as {first} only) or pass a copy"
+                )
+
+
+def _overlap(xp: Any, a: Any, b: Any) -> bool:
+    if is_library(xp, "numpy"):
+        import numpy as np
+
+        if not np.may_share_memory(a, b):
+            return False
+        try:
+            return bool(np.shares_memory(a, b, max_work=100_000))
+        except np.exceptions.TooHardError:  # too costly to tell: assume they do
+            return True
+    if is_library(xp, "torch"):  # views of one fused qkv buffer are fine: compare exactly
+        return bool(a.data_ptr() == b.data_ptr() and a.stride() == b.stride())
+    return False
+
+
+def check_out(xp: Any, x: Any, out: Any) -> None:
+    """``out`` must be a writable array of x's library, shape and dtype."""
+    if tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype:
+        raise ValueError(
+            f"out must have the input's shape {tuple(x.shape)} and dtype {x.dtype}, got "
+            f"{tuple(out.shape)} and {out.dtype}"
+        )
+    check_writable(xp, [("out", out)], how="out=")
 
 
 def _align(xp: Any, table: Any, ndim: int, seq_axis: int) -> Any:
@@ -57,45 +127,7 @@ def _align(xp: Any, table: Any, ndim: int, seq_axis: int) -> Any:
     return table if shape == tuple(table.shape) else xp.reshape(table, shape)
 
 
-def rotate(
-    xp: Any, x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: bool, seq_axis: int, out: Any = None
-) -> Any:
-    """Rotate the first 2 * cos.shape[-1] features of x (into ``out`` if given); the rest pass through.
-
-    cos and sin are already checked, in the compute dtype, and shaped (seq, h) or (batch, seq, h).
-    The backend's fused path runs where it has one; the generic code is the reference.
-    """
-    result = rotate_fast(xp, x, cos, sin, layout=layout, inverse=inverse, seq_axis=seq_axis, out=out)
-    if result is not None:
-        return result
-    result = rotate_generic(xp, x, cos, sin, layout=layout, inverse=inverse, seq_axis=seq_axis)
-    if out is None:
-        return result
-    out[...] = result
-    return out
-
-
-def check_out(xp: Any, x: Any, out: Any, *, arg: str = "out") -> None:
-    """``out`` must be a writable array of x's library, shape and dtype."""
-    from ._compat import is_mlx_namespace, library_name
-
-    if is_mlx_namespace(xp) or getattr(xp, "__name__", "").startswith("jax"):
-        raise TypeError(
-            f"{arg}= and inplace= need mutable arrays (NumPy, PyTorch, CuPy); {library_name(xp)} arrays "
-            "are immutable, so use the returned array"
-        )
-    if tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype:
-        raise ValueError(
-            f"{arg} must have the input's shape {tuple(x.shape)} and dtype {x.dtype}, got "
-            f"{tuple(out.shape)} and {out.dtype}"
-        )
-    if getattr(out, "requires_grad", False) and getattr(xp, "is_grad_enabled", lambda: False)():
-        raise ValueError(f"{arg} requires grad: rotating in place would break autograd; drop inplace/out")
-
-
-def rotate_generic(
-    xp: Any, x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: bool, seq_axis: int
-) -> Any:
+def rotate_generic(xp: Any, x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: bool, seq_axis: int) -> Any:
     """The reference rotation in array-API operations only."""
     dtype = x.dtype
     cos = _align(xp, cos, x.ndim, seq_axis)
@@ -151,9 +183,22 @@ def check_tables(xp: Any, x: Any, cos: Any, sin: Any, seq_axis: int) -> None:
                 f"sequence axis is its first; give x a batch axis"
             )
         if cos.shape[0] not in (1, x.shape[0]):
-            raise ValueError(
-                f"cos.shape[0]={cos.shape[0]} does not match x's batch size {x.shape[0]} (axis 0)"
-            )
+            raise ValueError(f"cos.shape[0]={cos.shape[0]} does not match x's batch size {x.shape[0]} (axis 0)")
+
+
+class GivenTables:
+    """The angles of an :func:`apply` call: tables the caller made."""
+
+    __slots__ = ("cos", "sin")
+
+    def __init__(self, cos: Any, sin: Any) -> None:
+        self.cos, self.sin = cos, sin
+
+    def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:  # noqa: ARG002 - one pair for every array
+        return self.cos, self.sin
+
+    def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
+        return None
 
 
 def apply(
@@ -205,6 +250,9 @@ def apply(
     >>> anyrope.apply(anyrope.apply(x, c, s), c, s, inverse=True)
     array([[1., 0.]])
     """
+    from ._plan import Job
+    from ._registry import rotate
+
     xp = array_namespace(x=x, cos=cos, sin=sin, out=out)
     check_input(xp, x, arg="x")
     axis = normalize_seq_axis(seq_axis, x.ndim)
@@ -213,5 +261,18 @@ def apply(
         check_out(xp, x, out)
     work = compute_dtype(xp, x.dtype)
     cos, sin = xp.astype(cos, work, copy=False), xp.astype(sin, work, copy=False)
-    layout_ = normalize_layout(layout)
-    return rotate(xp, x, cos, sin, layout=layout_, inverse=bool(inverse), seq_axis=axis, out=out)
+    device = device_of(xp, x)
+    traced = any(is_traced(xp, a) for a in (x, cos, sin))
+    job = Job(
+        xp, environment(xp, device), x, "x", axis, normalize_layout(layout), bool(inverse), out,
+        GivenTables(cos, sin), traced, _needs_grad(xp, x, cos, sin), work,
+    )  # fmt: skip
+    return rotate(job)
+
+
+def _needs_grad(xp: Any, *arrays: Any) -> bool:
+    if not is_library(xp, "torch"):
+        return False
+    import torch
+
+    return torch.is_grad_enabled() and any(a.requires_grad for a in arrays)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._compat import array_namespace, device_of, isdtype
-from ._positions import as_index_array
-from ._tables import cos_sin, default_inv_freq
+from ._angles import cos_sin
+from ._args import check_int
+from ._compat import array_namespace, compute_dtype, device_of, environment, is_traced, isdtype
+from ._positions import position_spec
+from .scaling import plain_frequencies
 
 __all__ = ["sinusoidal"]
 
@@ -17,7 +19,7 @@ def sinusoidal(positions: Any, dim: int, *, base: float = 10000.0, dtype: Any = 
     Parameters
     ----------
     positions : array
-        Non-negative integer positions of any shape, in the library the result should have.
+        Integer positions of any shape and integer dtype, in the library the result should have.
     dim : int
         Encoding width; positive and even.
     base : float
@@ -39,15 +41,18 @@ def sinusoidal(positions: Any, dim: int, *, base: float = 10000.0, dtype: Any = 
            [0.8415, 0.5403, 0.01  , 1.    ]], dtype=float32)
     """
     xp = array_namespace(positions=positions)
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 2:
-        raise ValueError(f"dim={dim!r} must be a positive even int (sin and cos fill pairs)")
-    if not base > 0:
+    dim = check_int(dim, "dim", low=1, even=True, why=" (sin and cos fill pairs)")
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
         raise ValueError(f"base={base!r} must be positive")
     dtype = xp.float32 if dtype is None else dtype
     if not isdtype(xp, dtype, "real floating"):
         raise TypeError(f"dtype must be a real floating dtype, got {dtype}")
     device = device_of(xp, positions)
-    positions = as_index_array(xp, positions, device=device, arg="positions", ndims=None)
-    cos, sin = cos_sin(xp, positions, default_inv_freq(dim, float(base)), dtype=dtype, device=device)
+    env = environment(xp, device)
+    spec = position_spec(xp, env, positions, 0, device, ndims=None)
+    values = spec.positions(xp, env, 0, device)
+    frequencies = plain_frequencies(dim, float(base))
+    work = compute_dtype(xp, dtype)
+    cos, sin = cos_sin(xp, env, values, frequencies, dtype=work, device=device, traced=is_traced(xp, positions))
     pairs = xp.stack([sin, cos], axis=-1)
-    return xp.reshape(pairs, (*positions.shape, dim))
+    return xp.astype(xp.reshape(pairs, (*values.shape, dim)), dtype)

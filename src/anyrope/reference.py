@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._compat import array_namespace, device_of, float64_scope
+from ._compat import array_namespace, device_of, environment
 from ._layout import normalize_layout
 
 __all__ = ["apply_complex", "apply_matrix", "pair_indices", "rotation_matrix"]
@@ -35,7 +35,7 @@ def pair_indices(rotary_dim: int, layout: str) -> list[tuple[int, int]]:
 
 
 def _work_dtype(xp: Any, device: Any) -> Any:
-    return xp.float64 if float64_scope(xp, device) is not None and hasattr(xp, "float64") else xp.float32
+    return xp.float64 if environment(xp, device).float64 else xp.float32
 
 
 def rotation_matrix(

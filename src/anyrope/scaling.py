@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "DynamicNTK",
@@ -29,9 +29,15 @@ __all__ = [
 ]
 
 
+def exponents(rotary_dim: int) -> tuple[float, ...]:
+    """-2i / rotary_dim for each of the rotary_dim / 2 pairs: theta_i = base ** exponents[i]."""
+    return tuple(-(2 * i) / rotary_dim for i in range(rotary_dim // 2))
+
+
 def plain_frequencies(rotary_dim: int, base: float) -> tuple[float, ...]:
-    """theta_i = base ** (-2i / rotary_dim) for each of the rotary_dim / 2 pairs."""
-    return tuple(base ** (-(2 * i) / rotary_dim) for i in range(rotary_dim // 2))
+    """theta_i = base ** (-2i / rotary_dim) for each of the rotary_dim / 2 pairs: the one place
+    the inverse-frequency formula is written."""
+    return tuple(base**e for e in exponents(rotary_dim))
 
 
 def _positive(name: str, value: float, *, at_least: float | None = None) -> None:
@@ -83,6 +89,10 @@ class Scaling:
             The model's ``max_position_embeddings``, for defaults derived from it.
         """
         return plain_frequencies(rotary_dim, base), 1.0
+
+    def original_length(self) -> int:
+        """For length-dependent methods: the longest sequence that keeps the original frequencies."""
+        raise TypeError(f"{type(self).__name__} does not depend on the sequence length")
 
 
 @dataclass(frozen=True)
@@ -149,14 +159,30 @@ class DynamicNTK(Scaling):
         if self.alpha is not None:
             _positive("alpha", self.alpha)
 
+    def original_length(self) -> int:
+        return self.original_max_position
+
+    def _base_at(self, base: Any, length: Any, rotary_dim: int) -> Any:
+        """The grown base for a length >= original_max_position: a float, or a device array."""
+        weight = self.factor if self.alpha is None else self.alpha
+        scale = weight * length / self.original_max_position - (weight - 1)
+        return base * scale ** (rotary_dim / (rotary_dim - 2))
+
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None
     ) -> tuple[tuple[float, ...], float]:
+        _ntk_base(base, 1.0, rotary_dim)  # rejects rotary_dim <= 2
+        length = max(seq_len if seq_len is not None else self.original_max_position, self.original_max_position)
+        return plain_frequencies(rotary_dim, float(self._base_at(base, length, rotary_dim))), 1.0
+
+    def device_frequencies(self, xp: Any, length: Any, rotary_dim: int, base: float, *, dtype: Any, device: Any) -> Any:
+        """The frequencies for ``length`` (a 0-d integer device array, ``max(positions) + 1``), on
+        its device in ``dtype``: the same formula, for calls whose length is not known on the host."""
         original = self.original_max_position
-        length = max(seq_len if seq_len is not None else original, original)
-        weight = self.factor if self.alpha is None else self.alpha
-        scale = weight * length / original - (weight - 1)
-        return plain_frequencies(rotary_dim, _ntk_base(base, scale, rotary_dim)), 1.0
+        longer = xp.astype(length, dtype) - original
+        longest = original + longer * xp.astype(longer > 0, dtype)  # max(length, original), exactly
+        grown = self._base_at(base, longest, rotary_dim)
+        return grown ** xp.asarray(exponents(rotary_dim), dtype=dtype, device=device)
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -297,6 +323,9 @@ class LongRoPE(Scaling):
         _length("original_max_position", self.original_max_position)
         if self.factor is not None:
             _positive("factor", self.factor)
+
+    def original_length(self) -> int:
+        return self.original_max_position
 
     def attention(self, max_position: int | None) -> float:
         if self.attention_factor is not None:

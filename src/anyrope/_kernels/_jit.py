@@ -131,36 +131,15 @@ def store(v: Any, storage: int) -> Any:  # pragma: no cover
 
 def rotations(storage: int) -> dict[str, Callable[..., None]]:
     """The two layouts' kernels for one storage code (compiled, or loaded from numba's cache, on
-    first call): ``kernel(x, cos, sin, positions, out, copy_tail)`` with (length, pairs) tables
-    and (1 or batch, seq) positions."""
+    first call): ``kernel(x, cos, sin, positions, out, copy_tail, sign)`` with (length, pairs)
+    tables and (1 or batch, seq) positions; ``sign`` -1.0 turns the other way (sin negated,
+    exactly)."""
 
     # Both read the cached tables directly at each token's position: no per-call tables are
     # gathered, which is most of the cost of a decode step.
     @numba.njit(parallel=True, cache=True, nogil=True)
-    def half(x: Any, cos: Any, sin: Any, pos: Any, out: Any, copy_tail: bool) -> None:  # pragma: no cover
-        batch, lead, seq, trail, width = x.shape
-        pairs = cos.shape[1]
-        per_batch = pos.shape[0] > 1
-        for row in numba.prange(batch * lead * seq):
-            b = row // (lead * seq)
-            a = (row // seq) % lead
-            s = row % seq
-            p = pos[b if per_batch else 0, s]
-            for t in range(trail):
-                for i in range(pairs):
-                    c = cos[p, i]
-                    n = sin[p, i]
-                    first = load(x[b, a, s, t, i], storage)
-                    second = load(x[b, a, s, t, i + pairs], storage)
-                    out[b, a, s, t, i] = store(first * c - second * n, storage)
-                    out[b, a, s, t, i + pairs] = store(second * c + first * n, storage)
-                if copy_tail:
-                    for j in range(2 * pairs, width):
-                        out[b, a, s, t, j] = x[b, a, s, t, j]
-
-    @numba.njit(parallel=True, cache=True, nogil=True)
-    def interleaved(
-        x: Any, cos: Any, sin: Any, pos: Any, out: Any, copy_tail: bool
+    def half(
+        x: Any, cos: Any, sin: Any, pos: Any, out: Any, copy_tail: bool, sign: float
     ) -> None:  # pragma: no cover
         batch, lead, seq, trail, width = x.shape
         pairs = cos.shape[1]
@@ -173,7 +152,31 @@ def rotations(storage: int) -> dict[str, Callable[..., None]]:
             for t in range(trail):
                 for i in range(pairs):
                     c = cos[p, i]
-                    n = sin[p, i]
+                    n = sin[p, i] * sign
+                    first = load(x[b, a, s, t, i], storage)
+                    second = load(x[b, a, s, t, i + pairs], storage)
+                    out[b, a, s, t, i] = store(first * c - second * n, storage)
+                    out[b, a, s, t, i + pairs] = store(second * c + first * n, storage)
+                if copy_tail:
+                    for j in range(2 * pairs, width):
+                        out[b, a, s, t, j] = x[b, a, s, t, j]
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def interleaved(
+        x: Any, cos: Any, sin: Any, pos: Any, out: Any, copy_tail: bool, sign: float
+    ) -> None:  # pragma: no cover
+        batch, lead, seq, trail, width = x.shape
+        pairs = cos.shape[1]
+        per_batch = pos.shape[0] > 1
+        for row in numba.prange(batch * lead * seq):
+            b = row // (lead * seq)
+            a = (row // seq) % lead
+            s = row % seq
+            p = pos[b if per_batch else 0, s]
+            for t in range(trail):
+                for i in range(pairs):
+                    c = cos[p, i]
+                    n = sin[p, i] * sign
                     first = load(x[b, a, s, t, 2 * i], storage)
                     second = load(x[b, a, s, t, 2 * i + 1], storage)
                     out[b, a, s, t, 2 * i] = store(first * c - second * n, storage)

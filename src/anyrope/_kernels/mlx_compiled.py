@@ -1,12 +1,13 @@
-"""MLX's fast path: the rotation as one elementwise expression, compiled by ``mx.compile``.
+"""MLX: the rotation as one elementwise expression, compiled by ``mx.compile``.
 
 The generic path splits x into its two halves and joins the results with a concatenation (or a
 stack), which MLX cannot fuse. Here each pair is an axis of length 2 instead, and the partner
 of every element is the same array read backwards along that axis, so the whole rotation is
 ``x * cos + partner * (-sin, sin)``: one fused kernel, two to three times faster, and bit for
-bit the generic result (a - b*s and a + b*(-s) round alike). MLX differentiates it itself.
+bit the generic result (a - b*s and a + b*(-s) round alike). MLX differentiates it itself, and
+it runs inside ``mx.compile`` too.
 
-``mx.fast.rope`` is not used: it forms angles in float32, which would break the float64-table
+``mx.fast.rope`` is not used: it forms angles in float32, which would break the table
 precision this library guarantees (it is off by position * 6e-8 rad).
 """
 
@@ -14,19 +15,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._layout import Layout
+from .._rotate import _align
 
-__all__ = ["rotate"]
+if TYPE_CHECKING:
+    from .._plan import Job
+
+__all__ = ["run"]
 
 _lock = threading.Lock()
 _compiled: dict[tuple[Any, ...], Callable[[Any, Any, Any], Any]] = {}
 
 
-def _turn(mx: Any, x: Any, cos: Any, sin: Any, layout: Layout, inverse: bool, seq_axis: int) -> Any:
-    from .._rotate import _align
-
+def _turn(mx: Any, x: Any, cos: Any, sin: Any, layout: str, inverse: bool, seq_axis: int) -> Any:
     pairs = cos.shape[-1]
     cos, sin = _align(mx, cos, x.ndim, seq_axis), _align(mx, sin, x.ndim, seq_axis)
     lead = x.shape[:-1]
@@ -46,16 +48,18 @@ def _turn(mx: Any, x: Any, cos: Any, sin: Any, layout: Layout, inverse: bool, se
     return turned if rotary is x else mx.concatenate([turned, x[..., 2 * pairs :]], axis=-1)
 
 
-def rotate(x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: bool, seq_axis: int) -> Any:
-    key = (layout, inverse, seq_axis)
+def run(job: Job) -> Any:
+    key = (job.layout, job.inverse, job.seq_axis)
     fn = _compiled.get(key)
     if fn is None:
         import mlx.core as mx
 
+        layout, inverse, seq_axis = key
+
+        def turn(x: Any, cos: Any, sin: Any) -> Any:
+            return _turn(mx, x, cos, sin, layout, inverse, seq_axis)
+
         with _lock:
-
-            def turn(x: Any, cos: Any, sin: Any) -> Any:
-                return _turn(mx, x, cos, sin, layout, inverse, seq_axis)
-
             fn = _compiled.setdefault(key, mx.compile(turn))
-    return fn(x, cos, sin)
+    cos, sin = job.tables()
+    return fn(job.x, cos, sin)

@@ -6,22 +6,14 @@ threads; it imports numba only on first use.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["available", "kernel"]
+__all__ = ["kernel"]
 
 _lock = threading.Lock()
 _compiled: dict[str, Callable[..., None]] = {}
-
-
-@functools.cache
-def available() -> bool:
-    """Whether numba can be imported (without importing it); asked once per process."""
-    return importlib.util.find_spec("numba") is not None
 
 
 def _build() -> dict[str, Callable[..., None]]:
@@ -51,7 +43,7 @@ def _probe(compiled: dict[str, Callable[..., None]]) -> bool:
 
     tiny = np.zeros((1, 1, 1, 1, 2), dtype=np.float32)
     table = np.zeros((1, 1), dtype=np.float32)
-    compiled["half"](tiny, table, table, np.zeros((1, 1), dtype=np.int64), tiny, False)
+    compiled["half"](tiny, table, table, np.zeros((1, 1), dtype=np.int64), tiny, False, np.float32(1.0))
     layer: Any = getattr(numba, "threading_layer")  # noqa: B009 - not in numba's typed exports
     return bool(layer() == "workqueue")
 
@@ -60,7 +52,7 @@ def kernel(name: str, storage: str = "float") -> Callable[..., None]:
     """The compiled kernel ``name`` for x stored as ``storage``, numba-compiled (or loaded from
     its cache) on first use.
 
-    ``kernel(layout)(x, cos, sin, positions, out, copy_tail)`` takes (length, pairs) tables
+    ``kernel(layout)(x, cos, sin, positions, out, copy_tail, sign)`` takes (length, pairs) tables
     and (1 or batch, seq) positions, and looks the rows up itself. ``storage`` is "float" (x, out and tables of one dtype) or "float16" /
     "bfloat16" (x and out as int16 bits, float32 tables); "float16-bits" is float16 without
     the CPU's conversion instructions, for tests.

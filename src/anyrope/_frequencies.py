@@ -1,0 +1,89 @@
+"""A RoPE's frequencies: fixed, or chosen by the sequence length on the host or on the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .scaling import Scaling
+
+__all__ = ["Frequencies", "LengthSwitch", "Spectrum"]
+
+
+class Frequencies:
+    """Hashable frequencies and table scale; the hash is computed once, as keys are built per call."""
+
+    __slots__ = ("_hash", "inv_freq", "scale")
+
+    def __init__(self, inv_freq: tuple[float, ...], scale: float) -> None:
+        self.inv_freq, self.scale = inv_freq, scale
+        self._hash = hash((inv_freq, scale))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Frequencies) and self.inv_freq == other.inv_freq and self.scale == other.scale
+
+
+@dataclass(frozen=True)
+class LengthSwitch:
+    """Frequencies chosen on the device: ``short`` while ``max(positions) + 1 <= threshold``, else
+    ``long`` (LongRoPE), or frequencies computed from the length itself when ``long`` is None
+    (DynamicNTK)."""
+
+    threshold: int
+    short: Frequencies
+    long: Frequencies | None
+
+
+class Spectrum:
+    """The frequencies of one RoPE configuration, for every sequence length."""
+
+    __slots__ = ("_by_length", "base", "fixed", "max_position", "rotary_dim", "scaling", "theta")
+
+    def __init__(
+        self, scaling: Scaling, rotary_dim: int, theta: float, max_position: int | None, fixed: int | None
+    ) -> None:
+        self.scaling, self.rotary_dim, self.theta = scaling, rotary_dim, theta
+        self.max_position, self.fixed = max_position, fixed
+        self._by_length: dict[int, Frequencies] = {}
+        self.base = self._compute(None)  # within the original context
+
+    @property
+    def length_dependent(self) -> bool:
+        return self.scaling.length_dependent and self.fixed is None
+
+    def _compute(self, seq_len: int | None) -> Frequencies:
+        inv_freq, scale = self.scaling.frequencies(
+            self.rotary_dim, self.theta, seq_len=seq_len, max_position=self.max_position
+        )
+        return Frequencies(tuple(float(f) for f in inv_freq), float(scale))
+
+    def at(self, seq_len: int | None) -> Frequencies:
+        """Frequencies for a sequence length; the same object for every length that shares them."""
+        if self.fixed is not None:
+            seq_len = self.fixed
+        if seq_len is None or not self.scaling.length_dependent:
+            return self.base
+        found = self._by_length.get(seq_len)
+        if found is None:
+            found = self._compute(seq_len)
+            if found == self.base:
+                found = self.base
+            if len(self._by_length) >= 256:  # decoding under DynamicNTK meets every length once
+                self._by_length.clear()
+            self._by_length[seq_len] = found
+        return found
+
+    def for_call(self, length: int | None) -> Frequencies | LengthSwitch:
+        """For a call whose ``max(positions) + 1`` is ``length`` if known on the host, else None."""
+        if not self.length_dependent:
+            return self.at(None)
+        if length is not None:
+            return self.at(length)
+        threshold = self.scaling.original_length()
+        return LengthSwitch(threshold, self.base, None if self.scaling.continuous else self.at(threshold + 1))
+
+    def cacheable(self, freqs: Frequencies) -> bool:
+        """Whether tables of ``freqs`` are worth keeping (not for one DynamicNTK length among many)."""
+        return freqs is self.base or not self.scaling.continuous

@@ -1,0 +1,79 @@
+"""The registered kernels, in the order they are tried (see :mod:`anyrope._registry`).
+
+Each module imports its library only when it runs, so importing this imports no backend.
+"""
+
+from __future__ import annotations
+
+from .._registry import ANY, Kernel
+from . import generic, mlx_compiled, numba_cpu, numpy_cpu
+
+__all__ = ["REGISTRY"]
+
+BOTH = frozenset({"half", "interleaved"})
+FLOATS = frozenset({"float32", "float64"})
+
+REGISTRY: tuple[Kernel, ...] = (
+    Kernel(
+        name="numba",
+        summary="one parallel numba pass that reads each token's table row by position "
+        "(16-bit floats widened in registers); torch gradients through an autograd.Function",
+        libraries=frozenset({"numpy", "torch"}),
+        devices=frozenset({"cpu"}),
+        layouts=BOTH,
+        dtypes=FLOATS | {"float16", "bfloat16"},
+        inplace=True,
+        traceable=False,
+        differentiable=True,
+        run=numba_cpu.run,
+        requires=("numba",),
+    ),
+    Kernel(
+        name="numpy-complex",
+        summary="interleaved pairs as complex numbers: one complex multiply",
+        libraries=frozenset({"numpy"}),
+        devices=frozenset({"cpu"}),
+        layouts=frozenset({"interleaved"}),
+        dtypes=FLOATS,
+        inplace=True,
+        traceable=False,
+        differentiable=False,
+        run=numpy_cpu.run_complex,
+    ),
+    Kernel(
+        name="numpy-blocked",
+        summary="half pairs in cache-sized blocks with preallocated outputs",
+        libraries=frozenset({"numpy"}),
+        devices=frozenset({"cpu"}),
+        layouts=frozenset({"half"}),
+        dtypes=FLOATS,
+        inplace=True,
+        traceable=False,
+        differentiable=False,
+        run=numpy_cpu.run_blocked,
+    ),
+    Kernel(
+        name="mlx-compiled",
+        summary="pairs as a length-2 axis read backwards: one elementwise expression under mx.compile",
+        libraries=frozenset({"mlx"}),
+        devices=ANY,
+        layouts=BOTH,
+        dtypes=ANY,
+        inplace=False,
+        traceable=True,
+        differentiable=True,
+        run=mlx_compiled.run,
+    ),
+    Kernel(
+        name="generic",
+        summary="array-API operations only: every library, device, dtype and transformation",
+        libraries=ANY,
+        devices=ANY,
+        layouts=BOTH,
+        dtypes=ANY,
+        inplace=True,
+        traceable=True,
+        differentiable=True,
+        run=generic.run,
+    ),
+)
