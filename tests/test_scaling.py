@@ -94,22 +94,72 @@ def test_frequencies_match_formula(
     assert rope.attention_scaling == pytest.approx(attention, rel=1e-14)
 
 
+def _tolerance(backend: Backend, rope: anyrope.RoPE, dtype: str, top: int, traced: bool) -> float | None:
+    """None for the dtype's own tolerance; for DynamicNTK past its original length, with the length
+    read on a device without float64, the documented float32 frequencies: |p| * theta * 2**-22."""
+    scaling = rope.scaling
+    on_device = traced or backend.name not in ("numpy", "torch")
+    if scaling is None or not scaling.continuous or "float64" in backend.dtypes or not on_device:
+        return None
+    return max(1e-6, top * max(rope.inv_freq) * 2.0**-22)
+
+
 @pytest.mark.parametrize(("name", "kwargs", "seq_len", "expected"), CASES, ids=IDS)
 def test_scaled_rotation_matches_oracle(
-    backend: Backend, name: str, kwargs: dict[str, Any], seq_len: int | None, expected: Any
+    backend: Backend, mode: str, name: str, kwargs: dict[str, Any], seq_len: int | None, expected: Any
 ) -> None:
+    """Positions as a traced input: length-dependent methods choose their frequencies on the device."""
     rope = _rope(kwargs, layout="interleaved")
     want, attention = expected
     top = (seq_len or 300) - 1
     positions = np.array([0, 1, 7, 100, top // 2, top])
     x_np = np.random.default_rng(0).standard_normal((2, 6, 64))
-    for dtype in ("float32", "float64"):
+    call = backend.compile(lambda x, p: rope(x, positions=p), mode)
+    for dtype in [d for d in ("float32", "float64") if d in backend.dtypes]:
         x = backend.asarray(x_np, dtype)
-        out = rope(x, positions=backend.asarray(positions))
-        expected_out = oracle.rotate(
-            backend.to_numpy(x), positions, layout="interleaved", frequencies=want, scale=attention
-        )
-        assert_close(backend, out, expected_out, dtype)
+        out = call(x, backend.asarray(positions))
+        expected_out = oracle.rotate(backend.to_numpy(x), positions, layout="interleaved", frequencies=want, scale=attention)
+        tolerance = _tolerance(backend, rope, dtype, top, mode != "eager")
+        if tolerance is None:
+            assert_close(backend, out, expected_out, dtype)
+        else:
+            np.testing.assert_allclose(backend.to_numpy(out), expected_out, rtol=0, atol=tolerance * 4)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "longrope"])
+@pytest.mark.parametrize("side", ["within", "beyond"])
+def test_length_dependent_scaling_traced_equals_host_known(backend: Backend, mode: str, kind: str, side: str) -> None:
+    """On both sides of the threshold, the frequencies chosen on the device (traced positions)
+    are those the host chooses from Python ints."""
+    scaling = sc.DynamicNTK(2.0, 64) if kind == "dynamic" else sc.LongRoPE(SHORT[:8], LONG[:8], 64)
+    rope = anyrope.RoPE(16, scaling=scaling, max_position=256)
+    seq = 64 if side == "within" else 100
+    x = backend.asarray(np.random.default_rng(7).standard_normal((2, 2, seq, 16)), "float32")
+    offsets = np.array([0, 0])
+    host = rope(x, offset=offsets.tolist())  # Python ints: the length is read on the host
+    traced = backend.compile(lambda x, o: rope(x, offset=o), mode)(x, backend.asarray(offsets))
+    tolerance = _tolerance(backend, rope, "float32", seq, True)
+    if tolerance is None:
+        assert_close(backend, traced, backend.to_numpy(host), "float32")
+    else:
+        np.testing.assert_allclose(backend.to_numpy(traced), backend.to_numpy(host), rtol=0, atol=tolerance * 4)
+    plain = anyrope.RoPE(16, max_position=256)(x)
+    changed = not np.allclose(backend.to_numpy(traced), backend.to_numpy(plain), rtol=0, atol=1e-4)
+    assert changed == (side == "beyond" or kind == "longrope")  # LongRoPE's short factors differ too
+
+
+def test_fixed_length_keeps_cached_keys_valid(backend: Backend, mode: str) -> None:
+    """``at_length``: one set of frequencies whatever the positions, so keys cached early match."""
+    rope = anyrope.RoPE(16, scaling=sc.DynamicNTK(2.0, 32)).at_length(128)
+    assert not rope.scaling.length_dependent or rope.fixed_length == 128
+    x = backend.asarray(np.random.default_rng(8).standard_normal((1, 1, 100, 16)), "float32")
+    call = backend.compile(lambda x, o: rope(x, offset=o), mode)
+    full = call(x, backend.asarray(np.array([0])))
+    early = rope(x[:, :, :20, :])  # rotated when only 20 tokens existed
+    np.testing.assert_allclose(backend.to_numpy(full)[:, :, :20, :], backend.to_numpy(early), rtol=0, atol=1e-6)
+    want = oracle.rotate(backend.to_numpy(x), np.arange(100), frequencies=np.asarray(rope.inv_freq))
+    assert_close(backend, full, want, "float32")
+    assert repr(rope).endswith(".at_length(128)")
 
 
 @pytest.mark.parametrize(("name", "kwargs", "seq_len", "expected"), CASES, ids=IDS)
@@ -127,20 +177,24 @@ def test_scaled_tables_within_1e6_up_to_two_million(
             "longrope-short": osc.longrope(64, 1e4, SHORT, LONG, 4096, seq, 131072),
             "longrope-long": osc.longrope(64, 1e4, SHORT, LONG, 4096, seq, 131072),
         }[name]
+    if _tolerance(backend, rope, "float32", seq, False) is not None:
+        rope = rope.at_length(seq)  # the documented exact route where float64 is missing
     want, attention = expected
     cos, sin = rope.cos_sin(backend.asarray(positions), like=backend.asarray(np.zeros(1), "float32"))
-    angles = positions[:, None] * want
-    assert np.max(np.abs(backend.to_numpy(cos) - attention * np.cos(angles))) <= 1e-6
-    assert np.max(np.abs(backend.to_numpy(sin) - attention * np.sin(angles))) <= 1e-6
+    want_cos, want_sin = oracle.exact_cos_sin(positions, want)
+    assert np.max(np.abs(backend.to_numpy(cos) - attention * want_cos)) <= 1e-6
+    assert np.max(np.abs(backend.to_numpy(sin) - attention * want_sin)) <= 1e-6
 
 
 def test_attention_factor_scales_rotated_norms(backend: Backend) -> None:
     rope = anyrope.RoPE(64, scaling=sc.YaRN(16.0, 4096))
     assert rope.attention_scaling == pytest.approx(0.1 * math.log(16.0) + 1)
     x_np = np.random.default_rng(1).standard_normal((3, 64))
-    out = backend.to_numpy(rope(backend.asarray(x_np, "float64"), offset=50))
+    dtype = "float64" if "float64" in backend.dtypes else "float32"
+    x_np = backend.to_numpy(backend.asarray(x_np, dtype))
+    out = backend.to_numpy(rope(backend.asarray(x_np, dtype), offset=50))
     np.testing.assert_allclose(
-        np.linalg.norm(out, axis=-1), rope.attention_scaling * np.linalg.norm(x_np, axis=-1)
+        np.linalg.norm(out, axis=-1), rope.attention_scaling * np.linalg.norm(x_np, axis=-1), rtol=1e-6
     )
 
 
@@ -160,26 +214,24 @@ def test_dynamic_ntk_only_changes_beyond_the_original_length(backend: Backend) -
 
 def test_longrope_switches_factors_past_the_original_length(backend: Backend) -> None:
     rope = anyrope.RoPE(64, scaling=sc.LongRoPE(SHORT, LONG, 32), max_position=128)
-    x = backend.asarray(np.random.default_rng(3).standard_normal((1, 40, 64)), "float64")
+    dtype = "float64" if "float64" in backend.dtypes else "float32"
+    x = backend.asarray(np.random.default_rng(3).standard_normal((1, 40, 64)), dtype)
     short_out = backend.to_numpy(rope(x[:, :32, :]))
     long_out = backend.to_numpy(rope(x))
     short_f, attention = osc.longrope(64, 1e4, SHORT, LONG, 32, 32, 128)
     long_f, _ = osc.longrope(64, 1e4, SHORT, LONG, 32, 40, 128)
     x_np = backend.to_numpy(x)
-    np.testing.assert_allclose(
-        short_out,
-        oracle.rotate(x_np[:, :32], np.arange(32), frequencies=short_f, scale=attention),
-        atol=1e-12,
-    )
-    np.testing.assert_allclose(
-        long_out, oracle.rotate(x_np, np.arange(40), frequencies=long_f, scale=attention), atol=1e-12
-    )
+    want_short = oracle.rotate(x_np[:, :32], np.arange(32), frequencies=short_f, scale=attention)
+    assert_close(backend, rope(x[:, :32, :]), want_short, dtype)
+    assert_close(backend, rope(x), oracle.rotate(x_np, np.arange(40), frequencies=long_f, scale=attention), dtype)
+    assert not np.allclose(short_out, long_out[:, :32])
 
 
 def test_proportional_zero_frequency_pairs_pass_through(backend: Backend) -> None:
     rope = anyrope.RoPE(16, scaling=sc.Proportional(0.5))
-    x_np = np.random.default_rng(4).standard_normal((5, 16))
-    out = backend.to_numpy(rope(backend.asarray(x_np, "float64"), offset=1000))
+    dtype = "float64" if "float64" in backend.dtypes else "float32"
+    x_np = backend.to_numpy(backend.asarray(np.random.default_rng(4).standard_normal((5, 16)), dtype))
+    out = backend.to_numpy(rope(backend.asarray(x_np, dtype), offset=1000))
     still = [4, 5, 6, 7, 12, 13, 14, 15]  # half layout: pairs (i, i + 8) for i >= 4 do not turn
     np.testing.assert_array_equal(out[:, still], x_np[:, still])
     assert not np.allclose(out[:, :4], x_np[:, :4])
@@ -221,12 +273,16 @@ def test_yarn_truncate_moves_the_ramp() -> None:
 
 def test_rerotate_moves_dynamic_ntk_keys(backend: Backend) -> None:
     rope = anyrope.RoPE(32, scaling=sc.DynamicNTK(2.0, 16))
-    k = backend.asarray(np.random.default_rng(5).standard_normal((2, 3, 40, 32)), "float64")
+    dtype = "float64" if "float64" in backend.dtypes else "float32"
+    k = backend.asarray(np.random.default_rng(5).standard_normal((2, 3, 40, 32)), dtype)
     cached = rope(k[:, :, :20, :])  # rotated when the sequence was 20 long
     fresh = rope(k)[:, :, :20, :]  # what a 40-long sequence rotates them to
     assert not np.allclose(backend.to_numpy(cached), backend.to_numpy(fresh))  # the hazard
     moved = anyrope.rerotate(cached, rope, rope, old_length=20, new_length=40)
-    assert_close(backend, moved, backend.to_numpy(fresh), "float64")
+    assert_close(backend, moved, backend.to_numpy(fresh), dtype)
+    # With the lengths left to the positions, read on the device: the keys' own length (20).
+    same = anyrope.rerotate(cached, rope, rope, positions=backend.asarray(np.arange(20)))
+    assert_close(backend, same, backend.to_numpy(cached), dtype)
 
 
 def test_rerotate_between_configurations(backend: Backend) -> None:
@@ -249,7 +305,7 @@ def test_rerotate_rejects_mismatched_ropes(backend: Backend) -> None:
         anyrope.rerotate(k, anyrope.RoPE(16), anyrope.RoPE(16, rotary_dim=8))
     with pytest.raises(TypeError, match=r"new must be an anyrope\.RoPE"):
         anyrope.rerotate(k, anyrope.RoPE(16), "rope")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="one int offset"):
+    with pytest.raises(ValueError, match="per-row offset align with k's first axis"):
         anyrope.rerotate(k, anyrope.RoPE(16), anyrope.RoPE(16), offset=[1, 2])
 
 

@@ -50,26 +50,55 @@ def backend_matrix(root: Path = ROOT) -> str:
     """The support matrix and each backend's notes and deviations, as MyST Markdown."""
     specs = [tomllib.loads(p.read_text()) for p in sorted(root.glob("backends/*/backend.toml"))]
     lines = [
-        "| backend | module | devices | dtypes | autograd | install |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| backend | module | devices | dtypes | compiled | autograd | install |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for spec in specs:
         install = spec.get("user-install", "").split("(")[0].strip().rstrip(",")
         lines.append(
             f"| {spec['name']} | `{spec['module']}` | {_cell(spec.get('devices'))} | "
-            f"{_cell(spec.get('dtypes'))} | {'yes' if spec.get('autograd') else 'no'} | {install} |"
+            f"{_cell(spec.get('dtypes'))} | {_cell(spec.get('compilers'))} | "
+            f"{'yes' if spec.get('autograd') else 'no'} | {install} |"
         )
+    lines += ["", "## Kernels", "", kernel_table()]
     for spec in specs:
         lines += ["", f"### {spec['name']}", "", spec.get("user-install", ""), ""]
         for key, note in spec.get("notes", {}).items():
             lines.append(f"- **{key}**: {note}")
-        deviations: list[dict[str, Any]] = spec.get("deviations", [])
+        deviations: dict[str, dict[str, Any]] = spec.get("deviations", {})
         if deviations:
-            lines += ["", "Known deviations (applied by the test suite as marks):", ""]
-            lines += [f"- `{d['tests']}` ({d['mode']}): {d['reason']}" for d in deviations]
+            lines += ["", "Known deviations (tests marked with the feature are skipped or expected to fail):", ""]
+            lines += [f"- `{feature}` ({d['mode']}): {d['reason']}" for feature, d in deviations.items()]
         else:
             lines += ["", "No known deviations: the whole conformance suite passes."]
     return "\n".join(lines) + "\n"
+
+
+def kernel_table() -> str:
+    """The kernel registry as a table: its declarations are what selection and the tests read."""
+    import anyrope
+
+    lines = [
+        "Kernels are tried in this order; each takes the calls its declaration covers, and the "
+        "generic one takes every call. `anyrope.use_fast_paths(False)` keeps to the generic one, "
+        "`use_fast_paths(\"name\")` to one by name.",
+        "",
+        "| kernel | libraries | devices | layouts | dtypes | in place | traceable | gradients | needs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for k in anyrope.kernels():
+        cells = [
+            f"`{k.name}`",
+            ", ".join(sorted(k.libraries)) or "any",
+            ", ".join(sorted(k.devices)) or "any",
+            ", ".join(sorted(k.layouts)),
+            ", ".join(sorted(k.dtypes)) or "any",
+            *("yes" if flag else "no" for flag in (k.inplace, k.traceable, k.differentiable)),
+            ", ".join(k.requires) or "-",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *(f"- `{k.name}`: {k.summary}" for k in anyrope.kernels())]
+    return "\n".join(lines)
 
 
 def _generate(app: Any) -> None:

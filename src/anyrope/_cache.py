@@ -46,11 +46,12 @@ class TableCache:
     def info(self) -> dict[str, int]:
         """Prefix tables and digit tables held, their bytes, and the bound."""
         with self._lock:
-            digits = sum(1 for entry in self._entries.values() if entry.length == 0)
+            digits = [entry.nbytes for entry in self._entries.values() if entry.length == 0]
             return {
-                "tables": len(self._entries) - digits,
-                "digit_tables": digits,
+                "tables": len(self._entries) - len(digits),
+                "digit_tables": len(digits),
                 "nbytes": self._nbytes,
+                "digit_nbytes": sum(digits),
                 "limit_bytes": self.limit_bytes,
             }
 

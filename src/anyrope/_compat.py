@@ -22,6 +22,7 @@ __all__ = [
     "array_namespace",
     "compute_dtype",
     "device_of",
+    "dtype_name",
     "environment",
     "host_array",
     "int_info",
@@ -64,7 +65,7 @@ def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
     found = _by_type.get(kind)
     if found is None:
         try:
-            xp = array_api_compat.array_namespace(value)
+            xp = _torch_namespace(kind) or array_api_compat.array_namespace(value)
         except TypeError:
             raise TypeError(
                 f"{arg} must be an array of a supported library (NumPy, PyTorch, CuPy, MLX, JAX or any "
@@ -72,14 +73,29 @@ def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
             ) from None
         shim = mlx_namespace(xp) if getattr(xp, "__name__", "") == "mlx.core" else xp
         found = (shim, library_name(shim))
-        if not array_api_compat.is_dask_namespace(xp):  # dask's namespace follows its chunk type
+        if not library_name(shim).startswith("dask"):  # dask's namespace follows its chunk type
             _by_type[kind] = found
     return found
 
 
+def _torch_namespace(kind: type) -> Any:
+    """array-api-compat's torch namespace, imported plainly: a first call may come while dynamo
+    traces, and dynamo warns of array-api-compat's cached type lookup."""
+    if kind.__module__.partition(".")[0] != "torch":
+        return None
+    import array_api_compat.torch as namespace
+
+    return namespace
+
+
 def is_array(value: Any) -> bool:
-    # Types already seen as arrays answer from the namespace cache (a dict lookup).
-    return type(value) in _by_type or array_api_compat.is_array_api_obj(value)
+    # Types already seen as arrays answer from the namespace cache (a dict lookup); Python values
+    # never reach array-api-compat's check (cached inside, which dynamo warns about).
+    if type(value) in _by_type:
+        return True
+    if value is None or isinstance(value, (list, tuple, int, float, str, bytes)):
+        return False
+    return bool(array_api_compat.is_array_api_obj(value))
 
 
 def array_namespace(**named: Any) -> Any:
@@ -293,6 +309,17 @@ def int_info(xp: Any, dtype: Any) -> tuple[int, bool]:
         return int(info.max).bit_length() + signed, signed
 
     return _dtype_fact(xp, "int info", dtype, compute)  # type: ignore[no-any-return]
+
+
+def dtype_name(xp: Any, dtype: Any) -> str:
+    """"float32", "bfloat16", ...; NumPy's non-native byte orders keep their mark (">f8")."""
+
+    def compute() -> str:
+        if getattr(dtype, "isnative", True) is False:
+            return str(dtype)
+        return str(getattr(dtype, "name", None) or str(dtype).rsplit(".", 1)[-1])
+
+    return str(_dtype_fact(xp, "name", dtype, compute))
 
 
 def compute_dtype(xp: Any, dtype: Any) -> Any:

@@ -18,6 +18,7 @@ from ._compat import (
     array_namespace,
     compute_dtype,
     device_of,
+    dtype_name,
     environment,
     float64_scope,
     is_array,
@@ -62,7 +63,7 @@ class Job:
         self.xp, self.env, self.x, self.arg, self.seq_axis = xp, env, x, arg, seq_axis
         self.layout, self.inverse, self.out, self.angles = layout, inverse, out, angles
         self.traced, self.grad, self.compute = traced, grad, compute
-        self.key = (env.library, env.device_type, dtype_name(x.dtype), layout, out is not None, traced, grad)
+        self.key = (env.library, env.device_type, dtype_name(xp, x.dtype), layout, out is not None, traced, grad)
 
     def tables(self) -> tuple[Any, Any]:
         """Compact (cos, sin), shape (seq, h) or (rows, seq, h), in the compute dtype."""
@@ -71,21 +72,6 @@ class Job:
     def lookup(self) -> tuple[Any, Any, Any] | None:
         """(cos table, sin table, host rows (rows, seq) into them), or None; see PositionAngles."""
         return self.angles.lookup(self.x.shape[self.seq_axis], self.compute)  # type: ignore[no-any-return]
-
-
-_names: dict[tuple[type, Any], str] = {}
-
-
-def dtype_name(dtype: Any) -> str:
-    """"float32", "bfloat16", ...; NumPy's non-native byte orders keep their mark ('>f8')."""
-    key = (type(dtype), dtype)
-    found = _names.get(key)
-    if found is None:
-        found = getattr(dtype, "name", None) or str(dtype).rsplit(".", 1)[-1]
-        if getattr(dtype, "isnative", True) is False:
-            found = str(dtype)
-        _names[key] = found
-    return found
 
 
 class PositionAngles:
@@ -184,11 +170,11 @@ def rope_call(
     if k is not None and is_library(xp, "torch") and k.device != q.device:
         raise ValueError(f"q is on {q.device} but k is on {k.device}; move them to one device")
     env = environment(xp, device)
-    spec = position_spec(xp, env, positions, offset, device)
+    traced = any(is_traced(xp, v) for v in named.values() if v is not None)
+    spec = position_spec(xp, env, positions, offset, device, traced=traced)
     axes = [normalize_seq_axis(seq_axis, x.ndim, arg=arg) for arg, x in arrays]
     for (arg, x), axis in zip(arrays, axes, strict=True):
         spec.check(x, arg, axis)
-    traced = any(is_traced(xp, v) for v in named.values() if v is not None)
     if inplace:
         check_writable(xp, arrays, traced=traced)
     seq = max(x.shape[axis] for (_, x), axis in zip(arrays, axes, strict=True))

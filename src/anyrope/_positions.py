@@ -155,7 +155,7 @@ def _check_batch(x: Any, arg: str, axis: int, batch: int, source: str) -> None:
             f"per-row {source} align with {arg}'s first axis, but {arg} of shape {tuple(x.shape)} has "
             "no batch axis before its sequence axis"
         )
-    if batch not in (1, x.shape[0]):
+    if batch != 1 and batch != x.shape[0]:  # not `in`: dynamo cannot compare symbolic sizes in a tuple
         raise ValueError(
             f"{source} has {batch} rows but {arg} has batch size {x.shape[0]} (axis 0); give one row "
             "per batch entry"
@@ -163,22 +163,37 @@ def _check_batch(x: Any, arg: str, axis: int, batch: int, source: str) -> None:
 
 
 def position_spec(
-    xp: Any, env: Environment, positions: Any, offset: Any, device: Any, *, ndims: Sequence[int] | None = (1, 2)
+    xp: Any,
+    env: Environment,
+    positions: Any,
+    offset: Any,
+    device: Any,
+    *,
+    ndims: Sequence[int] | None = (1, 2),
+    traced: bool = False,
 ) -> PositionSpec:
-    """The spec that ``positions=`` or ``offset=`` describe, checked from types and shapes."""
+    """The spec that ``positions=`` or ``offset=`` describe, checked from types and shapes.
+
+    Python ints are checked to fit the index dtype, except while tracing (dynamo makes them
+    symbolic, and a comparison would add a guard)."""
     if positions is not None:
         if not (type(offset) is int and offset == 0):
             raise ValueError("pass positions or offset, not both (positions already say where each token is)")
-        values, known = _index_array(xp, env, positions, device, "positions")
+        values, known = _index_array(xp, env, positions, device, "positions", traced)
         if ndims is not None and values.ndim not in ndims:
             wanted = " or ".join(f"{n}-d" for n in ndims)
             raise ValueError(f"positions must be {wanted}, got shape {tuple(values.shape)}")
         return Positions(values, known)
-    if type(offset) is int:  # the common case, first
-        return Offset(_fits(offset, env, "offset"))
+    if type(offset) is int:  # the common case, first (a SymInt while dynamo traces)
+        return Offset(offset if traced else _fits(offset, env, "offset"))
     if not is_array(offset) and not (isinstance(offset, Sequence) and not isinstance(offset, (str, bytes))):
-        return Offset(_fits(check_int(offset, "offset", why=" (the number of tokens already cached)"), env, "offset"))
-    values, known = _index_array(xp, env, offset, device, "offset")
+        if isinstance(offset, bool) or not hasattr(offset, "__index__"):
+            raise TypeError(
+                f"offset must be an int, an integer array or a sequence of ints (one per batch row), "
+                f"not {type(offset).__name__}"
+            )
+        return Offset(_fits(int(offset), env, "offset"))
+    values, known = _index_array(xp, env, offset, device, "offset", traced)
     if values.ndim > 1:
         raise ValueError(f"offset must be one int, or 1-d with one int per batch row; got shape {tuple(values.shape)}")
     return ArrayOffset(values, known)
@@ -191,7 +206,7 @@ def _fits(value: int, env: Environment, arg: str) -> int:
     return value
 
 
-def _index_array(xp: Any, env: Environment, value: Any, device: Any, arg: str) -> tuple[Any, Any]:
+def _index_array(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced: bool) -> tuple[Any, Any]:
     """``value`` (an integer array, or nested Python ints) as a device array, and its host view or None."""
     if is_array(value):
         if not isdtype(xp, value.dtype, "integral"):
@@ -207,11 +222,12 @@ def _index_array(xp: Any, env: Environment, value: Any, device: Any, arg: str) -
         raise TypeError(f"{arg} must hold integers, got {value!r}")
     if len({len(row) if isinstance(row, Sequence) else -1 for row in value}) > 1:
         raise ValueError(f"{arg} must be rectangular: every row needs the same length")
-    flat = list(_flatten(value))
-    for number in (min(flat), max(flat)) if flat else ():
-        _fits(int(number), env, arg)
+    if not traced:
+        flat = list(_flatten(value))
+        for number in (min(flat), max(flat)) if flat else ():
+            _fits(int(number), env, arg)
     array = xp.asarray(value, dtype=env.index, device=device)
-    return array, _numpy_of(value)
+    return array, None if traced else _numpy_of(value)
 
 
 def _numpy_of(value: Any) -> Any:
@@ -233,7 +249,9 @@ def _flatten(value: Any) -> Any:
 def _has_non_int(value: Any) -> bool:
     if isinstance(value, Sequence):
         return any(_has_non_int(v) for v in value)
-    return isinstance(value, bool) or not hasattr(value, "__index__")
+    if isinstance(value, bool):
+        return True
+    return not isinstance(value, int) and not hasattr(value, "__index__")  # int first: SymInts too
 
 
 def count(shape: Sequence[int]) -> int:

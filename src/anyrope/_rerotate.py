@@ -84,9 +84,9 @@ def rerotate(
     axis = normalize_seq_axis(seq_axis, k.ndim, arg="k")
     device = device_of(xp, k)
     env = environment(xp, device)
-    spec = position_spec(xp, env, positions, offset, device)
-    spec.check(k, "k", axis)
     traced = any(is_traced(xp, v) for v in named.values())
+    spec = position_spec(xp, env, positions, offset, device, traced=traced)
+    spec.check(k, "k", axis)
     seq, compute = k.shape[axis], compute_dtype(xp, k.dtype)
     work = xp.float64 if env.float64 else compute  # the difference of two rotations, formed wide
     tables = []

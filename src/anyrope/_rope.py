@@ -221,8 +221,8 @@ class RoPE:
             raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
         device = device_of(xp, like)
         env = environment(xp, device)
-        spec = position_spec(xp, env, positions, 0, device, ndims=None)
         traced = is_traced(xp, like) or (is_array(positions) and is_traced(xp, positions))
+        spec = position_spec(xp, env, positions, 0, device, ndims=None, traced=traced)
         angles = PositionAngles(self, xp, env, spec, device, traced, 0)  # explicit positions: no seq
         cos, sin = angles.tables(0, compute_dtype(xp, like.dtype))
         return xp.astype(cos, like.dtype, copy=False), xp.astype(sin, like.dtype, copy=False)

@@ -182,7 +182,7 @@ def check_tables(xp: Any, x: Any, cos: Any, sin: Any, seq_axis: int) -> None:
                 f"batched cos/sin of shape {tuple(cos.shape)} align with x's first axis, but x's "
                 f"sequence axis is its first; give x a batch axis"
             )
-        if cos.shape[0] not in (1, x.shape[0]):
+        if cos.shape[0] != 1 and cos.shape[0] != x.shape[0]:
             raise ValueError(f"cos.shape[0]={cos.shape[0]} does not match x's batch size {x.shape[0]} (axis 0)")
 
 

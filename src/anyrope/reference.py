@@ -84,8 +84,9 @@ def apply_complex(
     pairs = pair_indices(2 * len(inv_freq), layout)
     first = [a for a, _ in pairs]
     second = [b for _, b in pairs]
-    index_a = xp.asarray(first, dtype=xp.int64, device=device)
-    index_b = xp.asarray(second, dtype=xp.int64, device=device)
+    index = environment(xp, device).index
+    index_a = xp.asarray(first, dtype=index, device=device)
+    index_b = xp.asarray(second, dtype=index, device=device)
     real = xp.astype(xp.take(x, index_a, axis=-1), rtype)
     imag = xp.astype(xp.take(x, index_b, axis=-1), rtype)
     unit = xp.asarray(1j, dtype=ctype, device=device)

@@ -1,0 +1,329 @@
+"""Every registered kernel is held to the generic array-API result, on every backend it declares.
+
+Tests run each kernel by name (``anyrope.use_fast_paths(name)``, which fails if the kernel does
+not take the call), so a kernel that silently fell back would fail here; the declarations in the
+registry decide which backends, layouts and dtypes each is tested on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+import anyrope
+
+from harness import Backend, assert_close
+
+LAYOUTS = ["half", "interleaved"]
+DTYPES = ["float16", "bfloat16", "float32", "float64"]
+KERNELS = {k.name: k for k in anyrope.kernels()}
+# (x shape, seq_axis, rotary_dim, per-row positions?)
+SHAPES = [
+    ((2, 4, 9, 16), -2, 16, False),
+    ((2, 4, 9, 16), -2, 10, True),
+    ((2, 9, 3, 16), -3, 16, True),
+    ((9, 16), -2, 6, False),
+    ((3, 1, 1, 32), -2, 32, True),  # a decode step
+]
+
+
+def _needs_numba() -> None:
+    if not KERNELS["numba"].available:
+        pytest.skip("numba is not installed")
+
+
+@pytest.fixture
+def kernel(request: pytest.FixtureRequest, backend: Backend) -> anyrope.Kernel:
+    """Each kernel, on the backends its declaration names (pairs made by conftest)."""
+    found = KERNELS[request.param]
+    if found.devices and backend.device_kind not in found.devices and backend.device_kind != "default":
+        pytest.skip(f"{found.name} runs on {', '.join(sorted(found.devices))}")
+    if not found.available:
+        pytest.skip(f"{found.name} needs {', '.join(found.requires)}")
+    return found
+
+
+def _declared(kernel: anyrope.Kernel, backend: Backend, *, layout: str | None = None, dtype: str | None = None) -> None:
+    if dtype is not None and dtype not in backend.dtypes:
+        pytest.skip(f"{backend.name} has no {dtype}")
+    if dtype is not None and kernel.dtypes and dtype not in kernel.dtypes:
+        pytest.skip(f"{kernel.name} does not take {dtype}")
+    if layout is not None and layout not in kernel.layouts:
+        pytest.skip(f"{kernel.name} does not take the {layout} layout")
+
+
+def _generic() -> contextlib.AbstractContextManager[None]:
+    return anyrope.use_fast_paths(False)
+
+
+def _positions(backend: Backend, shape: tuple[int, ...], seq_axis: int, per_row: bool) -> Any:
+    seq = shape[seq_axis]
+    if per_row:
+        return backend.asarray(np.array([[5 * b + s for s in range(seq)] for b in range(shape[0])]))
+    return backend.asarray(np.arange(100, 100 + seq))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("shape", "seq_axis", "rotary_dim", "per_row"), SHAPES)
+def test_kernel_matches_generic(
+    backend: Backend,
+    kernel: anyrope.Kernel,
+    dtype: str,
+    layout: str,
+    shape: tuple[int, ...],
+    seq_axis: int,
+    rotary_dim: int,
+    per_row: bool,
+) -> None:
+    _declared(kernel, backend, layout=layout, dtype=dtype)
+    if per_row and len(shape) + seq_axis < 1:
+        pytest.skip("per-row positions need a batch axis")
+    rope = anyrope.RoPE(shape[-1], rotary_dim=rotary_dim, layout=layout)
+    positions = _positions(backend, shape, seq_axis, per_row)
+    x = backend.asarray(np.random.default_rng(0).standard_normal(shape), dtype)
+    like = backend.asarray(np.zeros(1), "float64" if dtype == "float64" else "float32")
+    cos, sin = rope.cos_sin(positions, like=like)
+    for inverse in (False, True):
+        with anyrope.use_fast_paths(kernel.name):
+            fast = anyrope.apply(x, cos, sin, layout=layout, inverse=inverse, seq_axis=seq_axis)
+        with _generic():
+            generic = anyrope.apply(x, cos, sin, layout=layout, inverse=inverse, seq_axis=seq_axis)
+        assert fast.dtype == x.dtype
+        assert_close(backend, fast, backend.to_numpy(generic), dtype)
+        np.testing.assert_array_equal(backend.to_numpy(fast)[..., rotary_dim:], backend.to_numpy(x)[..., rotary_dim:])
+    with anyrope.use_fast_paths(kernel.name):
+        called = rope(x, positions=positions, seq_axis=seq_axis)
+    with _generic():
+        assert_close(backend, called, backend.to_numpy(rope(x, positions=positions, seq_axis=seq_axis)), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kernel_decoding_reproduces_the_full_call(backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str) -> None:
+    _declared(kernel, backend, layout=layout, dtype=dtype)
+    rope = anyrope.RoPE(32, layout=layout, rotary_dim=24)
+    x = backend.asarray(np.random.default_rng(1).standard_normal((2, 3, 40, 32)), dtype)
+    with anyrope.use_fast_paths(kernel.name):
+        full = backend.to_numpy(rope(x))
+        for step in (0, 1, 17, 39):
+            got = backend.to_numpy(rope(x[:, :, step : step + 1, :], offset=[step, step]))
+            np.testing.assert_array_equal(got, full[:, :, step : step + 1, :])
+
+
+@pytest.mark.feature("inplace")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kernel_inplace_equals_out_of_place(backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str) -> None:
+    _declared(kernel, backend, layout=layout, dtype=dtype)
+    if not kernel.inplace:
+        pytest.skip(f"{kernel.name} does not write in place")
+    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
+    data = np.random.default_rng(2).standard_normal((2, 3, 7, 16))
+    q, k = backend.asarray(data, dtype), backend.asarray(-data, dtype)
+    with anyrope.use_fast_paths(kernel.name):
+        expected_q, expected_k = rope(backend.asarray(data, dtype), backend.asarray(-data, dtype), offset=[3, 9])
+        got_q, got_k = rope(q, k, offset=[3, 9], inplace=True)
+    assert got_q is q
+    assert got_k is k
+    np.testing.assert_array_equal(backend.to_numpy(q), backend.to_numpy(expected_q))
+    np.testing.assert_array_equal(backend.to_numpy(k), backend.to_numpy(expected_k))
+
+
+@pytest.mark.feature("inplace")
+def test_kernel_apply_into_out(backend: Backend, kernel: anyrope.Kernel) -> None:
+    _declared(kernel, backend, layout="half", dtype="float32")
+    if not kernel.inplace:
+        pytest.skip(f"{kernel.name} does not write in place")
+    rope = anyrope.RoPE(8)
+    x = backend.asarray(np.random.default_rng(3).standard_normal((4, 5, 8)), "float32")
+    cos, sin = rope.cos_sin(backend.asarray(np.arange(5)), like=x)
+    out = backend.asarray(np.zeros((4, 5, 8)), "float32")
+    with anyrope.use_fast_paths(kernel.name):
+        result = anyrope.apply(x, cos, sin, out=out)
+        assert result is out
+        np.testing.assert_array_equal(backend.to_numpy(out), backend.to_numpy(anyrope.apply(x, cos, sin)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kernel_gradients_match_generic(backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str) -> None:
+    _declared(kernel, backend, layout=layout, dtype=dtype)
+    if not backend.autograd or not kernel.differentiable:
+        pytest.skip(f"{backend.name} or {kernel.name} has no gradients")
+    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
+    rng = np.random.default_rng(4)
+    x = backend.asarray(rng.standard_normal((2, 3, 6, 16)), dtype)
+    upstream = backend.asarray(rng.standard_normal((2, 3, 6, 16)), dtype)
+    with anyrope.use_fast_paths(kernel.name):
+        fast = backend.vjp(lambda t: rope(t, offset=[1, 50]), x, upstream)
+    with _generic():
+        generic = backend.vjp(lambda t: rope(t, offset=[1, 50]), x, upstream)
+    assert_close(backend, fast, backend.to_numpy(generic), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sixteen_bit_kernels_are_bit_exact(backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str) -> None:
+    """16-bit values are widened in registers and rounded once: exactly the generic result, for
+    infinities, NaNs, subnormals and values at the edge of the range too."""
+    _declared(kernel, backend, layout=layout, dtype=dtype)
+    data = np.random.default_rng(5).standard_normal((2, 3, 11, 16)) * 4
+    data.flat[:8] = [np.inf, -np.inf, np.nan, 65504.0, -65504.0, 6e-8, -3e-5, 1e-6]
+    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
+    x = backend.asarray(data, dtype)
+    for call in ({}, {"offset": [4, 900]}):
+        with np.errstate(invalid="ignore"):  # NumPy warns of inf * 0 in the generic code
+            with anyrope.use_fast_paths(kernel.name):
+                fast = rope(x, **call)
+            with _generic():
+                generic = rope(x, **call)
+        assert fast.dtype == x.dtype
+        np.testing.assert_array_equal(backend.to_numpy(fast), backend.to_numpy(generic))
+
+
+def _codec_loops(storage: str) -> tuple[Any, Any]:
+    """Loops that widen int16 bits to float32 and round float32 back, as a kernel does."""
+    import numba
+
+    from anyrope._kernels import _jit
+
+    code = _jit.STORAGES[storage]
+
+    @numba.njit
+    def widen(bits: Any, out: Any) -> None:  # pragma: no cover - compiled
+        for i in range(bits.size):
+            out[i] = _jit.load(bits[i], code)
+
+    @numba.njit
+    def narrow(values: Any, out: Any) -> None:  # pragma: no cover - compiled
+        for i in range(values.size):
+            out[i] = _jit.store(values[i], code)
+
+    return widen, narrow
+
+
+def _floats_to_round() -> Any:
+    """Random float32 bit patterns, plus every float16 and bfloat16 value nudged to just below,
+    onto and just above the halfway point to its successor (where rounding decides)."""
+    every = np.arange(1 << 16, dtype=np.uint32)
+    as_float16 = every.astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+    edges = [as_float16 + step for step in (0xFFF, 0x1000, 0x1001)]
+    edges += [(every << 16) + step for step in (0x7FFF, 0x8000, 0x8001)]
+    random = np.random.default_rng(6).integers(0, 1 << 32, size=1 << 20, dtype=np.uint64)
+    return np.concatenate([random.astype(np.uint32), *edges]).view(np.float32)
+
+
+def _same_bits_or_both_nan(got: Any, want: Any, as_float: Any) -> None:
+    differs = (got != want) & ~(np.isnan(as_float(got)) & np.isnan(as_float(want)))
+    assert not differs.any(), f"{int(differs.sum())} values differ, the first at bits {want[differs][:4]}"
+
+
+@pytest.mark.parametrize("storage", ["float16", "float16-bits"])
+def test_float16_conversions_match_numpy(storage: str) -> None:
+    """Both ways of converting (the CPU's instructions where it has them, and bit arithmetic)."""
+    _needs_numba()
+    widen, narrow = _codec_loops(storage)
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.int16)
+    wide = np.empty(bits.size, dtype=np.float32)
+    widen(bits, wide)
+    expected = bits.view(np.float16).astype(np.float32)
+    _same_bits_or_both_nan(wide.view(np.uint32), expected.view(np.uint32), lambda b: b.view(np.float32))
+    values = _floats_to_round()
+    rounded = np.empty(values.size, dtype=np.int16)
+    narrow(values, rounded)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected_bits = values.astype(np.float16).view(np.int16)
+    _same_bits_or_both_nan(rounded, expected_bits, lambda b: b.view(np.float16))
+
+
+def test_bfloat16_conversions_match_torch() -> None:
+    _needs_numba()
+    torch = pytest.importorskip("torch")
+    widen, narrow = _codec_loops("bfloat16")
+
+    def as_float(b: Any) -> Any:
+        return torch.from_numpy(b).view(torch.bfloat16).float().numpy()
+
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.int16)
+    wide = np.empty(bits.size, dtype=np.float32)
+    widen(bits, wide)
+    _same_bits_or_both_nan(wide.view(np.uint32), as_float(bits).view(np.uint32), lambda b: b.view(np.float32))
+    values = _floats_to_round()
+    rounded = np.empty(values.size, dtype=np.int16)
+    narrow(values, rounded)
+    expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy()
+    _same_bits_or_both_nan(rounded, expected, as_float)
+
+
+def test_use_fast_paths_is_scoped() -> None:
+    from anyrope._registry import fast_paths_enabled
+
+    assert fast_paths_enabled() is True
+    with anyrope.use_fast_paths(False):
+        assert fast_paths_enabled() is False
+        with anyrope.use_fast_paths("generic"):
+            assert fast_paths_enabled() == "generic"
+        assert fast_paths_enabled() is False
+    assert fast_paths_enabled() is True
+
+
+def test_use_fast_paths_rejects_unknown_names() -> None:
+    with pytest.raises(ValueError, match="no kernel named 'fastest'; the registry has numba"), anyrope.use_fast_paths("fastest"):
+        pass
+    with pytest.raises(TypeError, match="enabled must be a bool or a kernel name"), anyrope.use_fast_paths(1):  # type: ignore[arg-type]
+        pass
+
+
+def test_a_forced_kernel_says_why_it_cannot_run(backend: Backend) -> None:
+    x = backend.asarray(np.zeros((2, 3, 8)), "float32")
+    outside = "mlx-compiled" if backend.name != "mlx" else "numpy-complex"
+    with pytest.raises(ValueError, match=rf"kernel '{outside}' cannot rotate q here: library"):
+        with anyrope.use_fast_paths(outside):
+            anyrope.RoPE(8, layout="interleaved")(x)
+
+
+def test_registry_declarations() -> None:
+    """The generic kernel is last and takes everything; every other one is narrower."""
+    every = anyrope.kernels()
+    generic = every[-1]
+    assert generic.name == "generic"
+    assert not generic.libraries and not generic.devices and not generic.dtypes
+    assert generic.inplace and generic.traceable and generic.differentiable
+    assert len({k.name for k in every}) == len(every)
+    for k in every[:-1]:
+        assert k.libraries, f"{k.name} must say which libraries it takes"
+        assert k.summary
+
+
+def test_threads_under_numbas_workqueue_layer() -> None:
+    """numba's fallback threading layer aborts on concurrent launches; calls must be serialised."""
+    _needs_numba()
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import threading, numpy as np, anyrope\n"
+        "from anyrope._kernels import _numba\n"
+        "rope = anyrope.RoPE(64)\n"
+        "x = np.random.default_rng(0).standard_normal((2, 4, 128, 64)).astype(np.float32)\n"
+        "want = rope(x)\n"
+        "bad = []\n"
+        "def work():\n"
+        "    for _ in range(30):\n"
+        "        bad.extend([1] if not np.array_equal(rope(x), want) else [])\n"
+        "threads = [threading.Thread(target=work) for _ in range(4)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "print(_numba._serial, len(bad))\n"
+    )
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["True", "0"]

@@ -1,0 +1,157 @@
+"""Traced and compiled execution beyond the conformance axis: what tracers see, and what they cost.
+
+torch: meta and fake tensors (no values at all), ``torch.export``, no graph break in any call
+form, and decoding with an int offset compiles at most twice. JAX: ``vmap`` and ``grad``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import anyrope
+from anyrope import scaling as sc
+
+import oracle
+from harness import Backend, assert_close
+
+CALLS: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "int offset": lambda rope, q, k: rope(q, k, offset=3),
+    "negative offset": lambda rope, q, k: rope(q, k, offset=-3),
+    "per-row offsets (list)": lambda rope, q, k: rope(q, k, offset=[0, 5]),
+    "positions (list)": lambda rope, q, k: rope(q, k, positions=[4, 0, 7, 7, 2]),
+    "q only": lambda rope, q, k: rope(q, seq_axis=-2),
+}
+ROPES = {
+    "plain": anyrope.RoPE(8),
+    "partial interleaved": anyrope.RoPE(8, rotary_dim=4, layout="interleaved"),
+    "dynamic": anyrope.RoPE(8, scaling=sc.DynamicNTK(2.0, 4)),
+    "longrope": anyrope.RoPE(8, scaling=sc.LongRoPE([1.0, 2.0, 2.5, 3.0], [3.0, 4.0, 5.0, 6.0], 4), max_position=16),
+    "yarn": anyrope.RoPE(8, scaling=sc.YaRN(4.0, 4)),
+}
+
+
+@pytest.fixture
+def torch() -> Any:
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("rope_name", list(ROPES))
+@pytest.mark.parametrize("call", list(CALLS))
+def test_no_graph_break_in_any_call_form(torch: Any, rope_name: str, call: str) -> None:
+    rope, form = ROPES[rope_name], CALLS[call]
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda q, k: form(rope, q, k))(q, k)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+
+
+@pytest.mark.parametrize("rope_name", list(ROPES))
+def test_positions_as_tensors_trace_in_one_graph(torch: Any, rope_name: str) -> None:
+    rope = ROPES[rope_name]
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
+    for extra in ({"positions": torch.tensor([[0, 1, 2, 3, 4], [9, 8, 7, 6, 5]])}, {"offset": torch.tensor([2, -4])}):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(lambda q, k, e=extra: rope(q, k, **e))(q, k)
+        assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_meta_tensors(torch: Any) -> None:
+    """No values exist on the meta device: every call form must go by shapes alone."""
+    for rope in ROPES.values():
+        q = torch.empty(2, 4, 5, 8, device="meta", dtype=torch.bfloat16)
+        for extra in (
+            {"offset": 7},
+            {"offset": torch.empty(2, dtype=torch.int64, device="meta")},
+            {"positions": torch.empty(2, 5, dtype=torch.int32, device="meta")},
+        ):
+            out = rope(q, q, **extra)
+            assert all(o.device.type == "meta" and o.shape == q.shape and o.dtype == q.dtype for o in out)
+
+
+def test_fake_tensors(torch: Any) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rope = ROPES["dynamic"]
+    with FakeTensorMode() as mode:
+        q = mode.from_tensor(torch.randn(2, 4, 5, 8))
+        positions = mode.from_tensor(torch.arange(10).reshape(2, 5))
+        out = rope(q, positions=positions)
+    assert out.shape == (2, 4, 5, 8)
+    assert type(out).__name__ == "FakeTensor"
+
+
+def test_torch_export_of_a_module(torch: Any) -> None:
+    rope = anyrope.RoPE(16, rotary_dim=8, scaling=sc.LongRoPE([1.0, 1.5, 2.0, 2.5], [3.0, 3.5, 4.0, 4.5], 32))
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 32)
+
+        def forward(self, hidden: Any, positions: Any) -> Any:
+            q, k = self.proj(hidden).reshape(*hidden.shape[:-1], 2, 16).unbind(-2)
+            q, k = rope(q[:, None], k[:, None], positions=positions)
+            return (q * k).sum(-1)
+
+    module = Attention()
+    hidden, positions = torch.randn(2, 6, 16), torch.tensor([[0, 1, 2, 3, 4, 5], [30, 31, 32, 33, 34, 35]])
+    exported = torch.export.export(module, (hidden, positions))
+    torch.testing.assert_close(exported.module()(hidden, positions), module(hidden, positions))
+    later = torch.tensor([[40, 41, 42, 43, 44, 45], [0, 1, 2, 3, 4, 5]])  # past LongRoPE's threshold
+    torch.testing.assert_close(exported.module()(hidden, later), module(hidden, later))
+
+
+def test_decoding_with_an_int_offset_compiles_at_most_twice(torch: Any) -> None:
+    """The first step specialises on its offset, the second makes it symbolic; then no more."""
+    compilations = 0
+
+    def counting(graph: Any, example_inputs: Any) -> Any:
+        nonlocal compilations
+        compilations += 1
+        return graph.forward
+
+    rope = anyrope.RoPE(64, scaling=sc.DynamicNTK(2.0, 16))
+    torch._dynamo.reset()
+    step = torch.compile(lambda q, k, n: rope(q, k, offset=n), backend=counting, fullgraph=True)
+    q, k = torch.randn(4, 8, 1, 64), torch.randn(4, 2, 1, 64)
+    for n in range(64):
+        got_q, _ = step(q, k, n)
+        if n in (0, 1, 15, 16, 63):  # both sides of DynamicNTK's threshold
+            torch.testing.assert_close(got_q, rope(q, offset=n), rtol=0, atol=1e-6)
+    assert compilations <= 2
+
+
+def test_jax_vmap_and_grad() -> None:
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rope = anyrope.RoPE(8, layout="interleaved")
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5, 8)), dtype=jnp.float32)
+    offsets = jnp.asarray([0, 7, -2])
+    mapped = jax.vmap(lambda row, o: rope(row, offset=o))(x, offsets)
+    want = oracle.rotate(np.asarray(x), np.asarray(offsets)[:, None] + np.arange(5), layout="interleaved")
+    np.testing.assert_allclose(np.asarray(mapped), want, rtol=0, atol=1e-6)
+    grad = jax.jit(jax.grad(lambda t: rope(t, offset=4).sum()))(x)
+    ones = np.ones((3, 5, 8))
+    np.testing.assert_allclose(
+        np.asarray(grad), oracle.rotate(ones, np.arange(4, 9), layout="interleaved", inverse=True), rtol=0, atol=1e-6
+    )
+
+
+def test_compiled_table_forms_match_eager(backend: Backend, mode: str) -> None:
+    """``cos_sin`` and ``rerotate`` under the compiler too."""
+    rope = anyrope.RoPE(16)
+    new = anyrope.RoPE(16, base=500.0)
+    positions = backend.asarray(np.array([[0, 3, 1000], [-5, 2**20, 7]]))
+    like = backend.asarray(np.zeros(1), "float32")
+    cos, sin = backend.compile(lambda p, l: rope.cos_sin(p, like=l), mode)(positions, like)
+    want_cos, want_sin = oracle.cos_sin(backend.to_numpy(positions), 16)
+    assert_close(backend, cos, want_cos, "float32")
+    assert_close(backend, sin, want_sin, "float32")
+    k = backend.asarray(np.random.default_rng(1).standard_normal((2, 2, 3, 16)), "float32")
+    moved = backend.compile(lambda k, p: anyrope.rerotate(rope(k, positions=p), rope, new, positions=p), mode)(k, positions)
+    assert_close(backend, moved, backend.to_numpy(new(k, positions=positions)), "float32")
