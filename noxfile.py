@@ -2,6 +2,7 @@
 
 nox                       # lint and the tests of every CPU backend
 nox -s tests-torch        # one backend (torch also runs on CUDA when a GPU is present)
+nox -s tests-jax          # JAX, once with x64 off (its default) and once with it on
 nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
 nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
 nox -s peers              # anyrope against transformers, rotary-embedding-torch, mlx.fast.rope (not by default)
@@ -54,7 +55,12 @@ def _tests(session: nox.Session, name: str) -> None:
         else:
             session.log(f"{name}-{device}: not tested, no {device} device here")
     # tests/peers compares against other libraries and has a session of its own, "peers".
-    session.run("pytest", "--ignore=tests/peers", *(f"--backend={i}" for i in ids), *session.posargs)
+    for env in backend.get("runs", [{}]):  # JAX: once with x64 off, once with it on
+        if env:
+            session.log(f"{name}: run with {env}")
+        session.run(
+            "pytest", "--ignore=tests/peers", *(f"--backend={i}" for i in ids), *session.posargs, env=env
+        )
 
 
 for _name in BACKENDS:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from harness import MODES, SPECS, Backend, default_ids, make_backend, target_ids
+from harness import SPECS, Backend, default_ids, make_backend, target_ids
 
 settings.register_profile(
     "default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -96,7 +96,8 @@ def exact_cos_sin(positions: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray,
         thetas = [Fraction(float(t)) for t in np.asarray(theta, dtype=np.float64)]
         flat = [int(p) for p in np.asarray(positions).reshape(-1)]
         angles = [
-            [float((Decimal(p * t.numerator) / Decimal(t.denominator)) % two_pi) for t in thetas] for p in flat
+            [float((Decimal(p * t.numerator) / Decimal(t.denominator)) % two_pi) for t in thetas]
+            for p in flat
         ]
     shape = (*np.asarray(positions).shape, len(thetas))
     a = np.asarray(angles, dtype=np.float64).reshape(shape)

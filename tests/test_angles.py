@@ -62,7 +62,9 @@ def test_within_1e6_of_exact_up_to_two_to_the_31(backend: Backend, method: str, 
     edges = [0, 1, -1, 4095, 65_537, -65_537, 2_000_000, 2**31 - 1, -(2**31)]
     positions = np.concatenate([edges, rng.integers(-(2**31), 2**31, size=55)]).reshape(8, 8)
     values = backend.asarray(positions.astype(backend.index))
-    cos, sin = _angles.cos_sin(backend.xp, env, values, FREQS, dtype=backend.dtype(table), device=backend.device)
+    cos, sin = _angles.cos_sin(
+        backend.xp, env, values, FREQS, dtype=backend.dtype(table), device=backend.device
+    )
     assert cos.dtype == backend.dtype(table)
     # float32 tables: a few roundings of float32; float64 by digits: exact to float64; float64 by
     # the float64 method: p * theta rounds like any float64 code (2**31 * 2**-53 rad at 2**31).
@@ -78,10 +80,21 @@ def test_every_integer_dtype_to_its_extremes(backend: Backend, method: str) -> N
     table = "float64" if "float64" in backend.dtypes else "float32"
     for name in _dtypes(backend):
         info = np.iinfo(name)
-        wanted = [int(info.min), int(info.min) + 1, -3, 0, 5, int(info.max) // 3, int(info.max) - 1, int(info.max)]
+        wanted = [
+            int(info.min),
+            int(info.min) + 1,
+            -3,
+            0,
+            5,
+            int(info.max) // 3,
+            int(info.max) - 1,
+            int(info.max),
+        ]
         positions = np.array([v for v in wanted if info.min <= v <= info.max], dtype=name)
         values = backend.asarray(positions)
-        cos, sin = _angles.cos_sin(backend.xp, env, values, FREQS, dtype=backend.dtype(table), device=backend.device)
+        cos, sin = _angles.cos_sin(
+            backend.xp, env, values, FREQS, dtype=backend.dtype(table), device=backend.device
+        )
         _check(backend, positions, cos, sin, 1e-6)
 
 
@@ -112,7 +125,9 @@ def test_host_digit_tables_are_exact() -> None:
 @pytest.mark.parametrize("method", ["float64", "digits"])
 def test_traced_angles_equal_eager(backend: Backend, mode: str, method: str) -> None:
     env = _environment(backend, method)
-    positions = backend.asarray(np.array([[-(2**31), -1, 0, 1], [3, 2**20, 2**31 - 1, 12345]]).astype(backend.index))
+    positions = backend.asarray(
+        np.array([[-(2**31), -1, 0, 1], [3, 2**20, 2**31 - 1, 12345]]).astype(backend.index)
+    )
 
     def tables(p: Any) -> Any:
         return _angles.cos_sin(

@@ -82,7 +82,9 @@ def test_call_rejects_bad_positions(backend: Backend) -> None:
 def test_call_rejects_bad_offsets(backend: Backend) -> None:
     rope = anyrope.RoPE(8)
     x = backend.asarray(np.zeros((2, 3, 8)), "float32")
-    with pytest.raises(TypeError, match="offset must be an int, an integer array or a sequence of ints .*not float"):
+    with pytest.raises(
+        TypeError, match=r"offset must be an int, an integer array or a sequence of ints .*not float"
+    ):
         rope(x, offset=1.5)
     with pytest.raises(TypeError, match="not bool"):
         rope(x, offset=True)
@@ -209,7 +211,7 @@ def test_numpy_dtypes_outside_the_standard() -> None:
     out = rope(big_endian, offset=1000)
     assert out.dtype == big_endian.dtype
     np.testing.assert_allclose(out, rope(data, offset=1000), rtol=0, atol=1e-15)  # float64, not float32
-    with pytest.raises(TypeError, match="q has dtype float128 .*cast q to float64 first"):
+    with pytest.raises(TypeError, match=r"q has dtype float128 .*cast q to float64 first"):
         rope(data.astype(np.longdouble))
 
 
@@ -222,7 +224,9 @@ def test_torch_tensors_outside_the_common_kinds() -> None:
     assert out.dtype == torch.float8_e4m3fn
     want = rope(low.float(), offset=3).to(torch.float8_e4m3fn)
     assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
-    with pytest.raises(TypeError, match=r"q is a torch.sparse_coo tensor; RoPE rotates dense .*q.to_dense\(\)"):
+    with pytest.raises(
+        TypeError, match=r"q is a torch.sparse_coo tensor; RoPE rotates dense .*q.to_dense\(\)"
+    ):
         rope(x.to_sparse())
     with pytest.raises(ValueError, match="q is on cpu but k is on meta"):
         rope(x, torch.empty(2, 5, 8, device="meta"))

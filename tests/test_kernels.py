@@ -46,7 +46,9 @@ def kernel(request: pytest.FixtureRequest, backend: Backend) -> anyrope.Kernel:
     return found
 
 
-def _declared(kernel: anyrope.Kernel, backend: Backend, *, layout: str | None = None, dtype: str | None = None) -> None:
+def _declared(
+    kernel: anyrope.Kernel, backend: Backend, *, layout: str | None = None, dtype: str | None = None
+) -> None:
     if dtype is not None and dtype not in backend.dtypes:
         pytest.skip(f"{backend.name} has no {dtype}")
     if dtype is not None and kernel.dtypes and dtype not in kernel.dtypes:
@@ -94,16 +96,22 @@ def test_kernel_matches_generic(
             generic = anyrope.apply(x, cos, sin, layout=layout, inverse=inverse, seq_axis=seq_axis)
         assert fast.dtype == x.dtype
         assert_close(backend, fast, backend.to_numpy(generic), dtype)
-        np.testing.assert_array_equal(backend.to_numpy(fast)[..., rotary_dim:], backend.to_numpy(x)[..., rotary_dim:])
+        np.testing.assert_array_equal(
+            backend.to_numpy(fast)[..., rotary_dim:], backend.to_numpy(x)[..., rotary_dim:]
+        )
     with anyrope.use_fast_paths(kernel.name):
         called = rope(x, positions=positions, seq_axis=seq_axis)
     with _generic():
-        assert_close(backend, called, backend.to_numpy(rope(x, positions=positions, seq_axis=seq_axis)), dtype)
+        assert_close(
+            backend, called, backend.to_numpy(rope(x, positions=positions, seq_axis=seq_axis)), dtype
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_kernel_decoding_reproduces_the_full_call(backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str) -> None:
+def test_kernel_decoding_reproduces_the_full_call(
+    backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str
+) -> None:
     _declared(kernel, backend, layout=layout, dtype=dtype)
     rope = anyrope.RoPE(32, layout=layout, rotary_dim=24)
     x = backend.asarray(np.random.default_rng(1).standard_normal((2, 3, 40, 32)), dtype)
@@ -117,7 +125,9 @@ def test_kernel_decoding_reproduces_the_full_call(backend: Backend, kernel: anyr
 @pytest.mark.feature("inplace")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_kernel_inplace_equals_out_of_place(backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str) -> None:
+def test_kernel_inplace_equals_out_of_place(
+    backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str
+) -> None:
     _declared(kernel, backend, layout=layout, dtype=dtype)
     if not kernel.inplace:
         pytest.skip(f"{kernel.name} does not write in place")
@@ -125,7 +135,9 @@ def test_kernel_inplace_equals_out_of_place(backend: Backend, kernel: anyrope.Ke
     data = np.random.default_rng(2).standard_normal((2, 3, 7, 16))
     q, k = backend.asarray(data, dtype), backend.asarray(-data, dtype)
     with anyrope.use_fast_paths(kernel.name):
-        expected_q, expected_k = rope(backend.asarray(data, dtype), backend.asarray(-data, dtype), offset=[3, 9])
+        expected_q, expected_k = rope(
+            backend.asarray(data, dtype), backend.asarray(-data, dtype), offset=[3, 9]
+        )
         got_q, got_k = rope(q, k, offset=[3, 9], inplace=True)
     assert got_q is q
     assert got_k is k
@@ -150,7 +162,9 @@ def test_kernel_apply_into_out(backend: Backend, kernel: anyrope.Kernel) -> None
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_kernel_gradients_match_generic(backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str) -> None:
+def test_kernel_gradients_match_generic(
+    backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str
+) -> None:
     _declared(kernel, backend, layout=layout, dtype=dtype)
     if not backend.autograd or not kernel.differentiable:
         pytest.skip(f"{backend.name} or {kernel.name} has no gradients")
@@ -167,7 +181,9 @@ def test_kernel_gradients_match_generic(backend: Backend, kernel: anyrope.Kernel
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_sixteen_bit_kernels_are_bit_exact(backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str) -> None:
+def test_sixteen_bit_kernels_are_bit_exact(
+    backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str
+) -> None:
     """16-bit values are widened in registers and rounded once: exactly the generic result, for
     infinities, NaNs, subnormals and values at the edge of the range too."""
     _declared(kernel, backend, layout=layout, dtype=dtype)
@@ -272,7 +288,10 @@ def test_use_fast_paths_is_scoped() -> None:
 
 
 def test_use_fast_paths_rejects_unknown_names() -> None:
-    with pytest.raises(ValueError, match="no kernel named 'fastest'; the registry has numba"), anyrope.use_fast_paths("fastest"):
+    with (
+        pytest.raises(ValueError, match="no kernel named 'fastest'; the registry has numba"),
+        anyrope.use_fast_paths("fastest"),
+    ):
         pass
     with pytest.raises(TypeError, match="enabled must be a bool or a kernel name"), anyrope.use_fast_paths(1):  # type: ignore[arg-type]
         pass
@@ -281,9 +300,11 @@ def test_use_fast_paths_rejects_unknown_names() -> None:
 def test_a_forced_kernel_says_why_it_cannot_run(backend: Backend) -> None:
     x = backend.asarray(np.zeros((2, 3, 8)), "float32")
     outside = "mlx-compiled" if backend.name != "mlx" else "numpy-complex"
-    with pytest.raises(ValueError, match=rf"kernel '{outside}' cannot rotate q here: library"):
-        with anyrope.use_fast_paths(outside):
-            anyrope.RoPE(8, layout="interleaved")(x)
+    with (
+        pytest.raises(ValueError, match=rf"kernel '{outside}' cannot rotate q here: library"),
+        anyrope.use_fast_paths(outside),
+    ):
+        anyrope.RoPE(8, layout="interleaved")(x)
 
 
 def test_registry_declarations() -> None:
@@ -291,8 +312,12 @@ def test_registry_declarations() -> None:
     every = anyrope.kernels()
     generic = every[-1]
     assert generic.name == "generic"
-    assert not generic.libraries and not generic.devices and not generic.dtypes
-    assert generic.inplace and generic.traceable and generic.differentiable
+    assert not generic.libraries
+    assert not generic.devices
+    assert not generic.dtypes
+    assert generic.inplace
+    assert generic.traceable
+    assert generic.differentiable
     assert len({k.name for k in every}) == len(every)
     for k in every[:-1]:
         assert k.libraries, f"{k.name} must say which libraries it takes"

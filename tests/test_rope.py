@@ -47,7 +47,9 @@ def test_matches_oracle_every_dtype(backend: Backend, mode: str, layout: str, ro
     for dtype in backend.dtypes:
         x = backend.asarray(_x((2, 3, 7, 16)), dtype)
         out = call(x)
-        expected = oracle.rotate(_rounded(backend, _x((2, 3, 7, 16)), dtype), np.arange(7), layout=layout, rotary_dim=rotary_dim)
+        expected = oracle.rotate(
+            _rounded(backend, _x((2, 3, 7, 16)), dtype), np.arange(7), layout=layout, rotary_dim=rotary_dim
+        )
         assert out.dtype == x.dtype
         assert_close(backend, out, expected, dtype)
         if mode != "eager":
@@ -71,7 +73,9 @@ def test_seq_axis_minus_three(backend: Backend, mode: str) -> None:
     x_np = _x((2, 6, 3, 8))  # (batch, seq, heads, head_dim)
     dtype = "float64" if "float64" in backend.dtypes else "float32"
     out = backend.compile(lambda x: rope(x, seq_axis=-3, offset=4), mode)(backend.asarray(x_np, dtype))
-    expected = oracle.rotate(_rounded(backend, x_np, dtype), np.arange(4, 10), layout="interleaved", seq_axis=-3)
+    expected = oracle.rotate(
+        _rounded(backend, x_np, dtype), np.arange(4, 10), layout="interleaved", seq_axis=-3
+    )
     assert_close(backend, out, expected, dtype)
 
 
@@ -84,12 +88,22 @@ def test_explicit_and_per_batch_positions(backend: Backend, mode: str, layout: s
     call = backend.compile(lambda x, p: rope(x, positions=p), mode)
     for positions in (np.array([5, 0, 9, 3]), np.array([[0, 1, 2, 3], [7, 8, 9, 10], [100, -2, 70_000, 0]])):
         out = call(x, backend.asarray(positions))
-        assert_close(backend, out, oracle.rotate(_rounded(backend, x_np, "float32"), positions, layout=layout), "float32")
+        assert_close(
+            backend,
+            out,
+            oracle.rotate(_rounded(backend, x_np, "float32"), positions, layout=layout),
+            "float32",
+        )
         if mode != "eager":
             _same(backend, out, rope(x, positions=backend.asarray(positions)), "float32")
     # Python sequences are accepted too (eagerly: they are constants to a compiler).
     rows = [[0, 1, 2, 3], [7, 8, 9, 10], [100, 2, 50, 0]]
-    assert_close(backend, rope(x, positions=rows), oracle.rotate(_rounded(backend, x_np, "float32"), np.array(rows), layout=layout), "float32")
+    assert_close(
+        backend,
+        rope(x, positions=rows),
+        oracle.rotate(_rounded(backend, x_np, "float32"), np.array(rows), layout=layout),
+        "float32",
+    )
 
 
 def test_per_row_offsets_left_padding_included(backend: Backend, mode: str) -> None:
@@ -172,7 +186,9 @@ def test_norms_preserved(backend: Backend, layout: str) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @given(m=st.integers(-5000, 5000), n=st.integers(-5000, 5000), shift=st.integers(-5000, 5000))
-def test_scores_depend_only_on_relative_position(backend: Backend, layout: str, m: int, n: int, shift: int) -> None:
+def test_scores_depend_only_on_relative_position(
+    backend: Backend, layout: str, m: int, n: int, shift: int
+) -> None:
     rope = anyrope.RoPE(16, layout=layout)
     dtype = "float64" if "float64" in backend.dtypes else "float32"
     q = backend.asarray(_x((1, 16), 3), dtype)
@@ -204,7 +220,9 @@ def test_reference_rotation_matrix_is_block_diagonal(backend: Backend) -> None:
     like = backend.asarray(np.zeros(1), "float32")
     theta = oracle.inv_freq(4)
     for layout in LAYOUTS:
-        matrix = backend.to_numpy(anyrope.reference.rotation_matrix(7, theta, head_dim=6, layout=layout, like=like))
+        matrix = backend.to_numpy(
+            anyrope.reference.rotation_matrix(7, theta, head_dim=6, layout=layout, like=like)
+        )
         np.testing.assert_allclose(matrix @ matrix.T, np.eye(6), atol=1e-6)
         np.testing.assert_array_equal(matrix[4:, 4:], np.eye(2))
         a, b = oracle.pairs(4, layout)

@@ -118,7 +118,9 @@ def test_scaled_rotation_matches_oracle(
     for dtype in [d for d in ("float32", "float64") if d in backend.dtypes]:
         x = backend.asarray(x_np, dtype)
         out = call(x, backend.asarray(positions))
-        expected_out = oracle.rotate(backend.to_numpy(x), positions, layout="interleaved", frequencies=want, scale=attention)
+        expected_out = oracle.rotate(
+            backend.to_numpy(x), positions, layout="interleaved", frequencies=want, scale=attention
+        )
         tolerance = _tolerance(backend, rope, dtype, top, mode != "eager")
         if tolerance is None:
             assert_close(backend, out, expected_out, dtype)
@@ -128,7 +130,9 @@ def test_scaled_rotation_matches_oracle(
 
 @pytest.mark.parametrize("kind", ["dynamic", "longrope"])
 @pytest.mark.parametrize("side", ["within", "beyond"])
-def test_length_dependent_scaling_traced_equals_host_known(backend: Backend, mode: str, kind: str, side: str) -> None:
+def test_length_dependent_scaling_traced_equals_host_known(
+    backend: Backend, mode: str, kind: str, side: str
+) -> None:
     """On both sides of the threshold, the frequencies chosen on the device (traced positions)
     are those the host chooses from Python ints."""
     scaling = sc.DynamicNTK(2.0, 64) if kind == "dynamic" else sc.LongRoPE(SHORT[:8], LONG[:8], 64)
@@ -142,7 +146,9 @@ def test_length_dependent_scaling_traced_equals_host_known(backend: Backend, mod
     if tolerance is None:
         assert_close(backend, traced, backend.to_numpy(host), "float32")
     else:
-        np.testing.assert_allclose(backend.to_numpy(traced), backend.to_numpy(host), rtol=0, atol=tolerance * 4)
+        np.testing.assert_allclose(
+            backend.to_numpy(traced), backend.to_numpy(host), rtol=0, atol=tolerance * 4
+        )
     plain = anyrope.RoPE(16, max_position=256)(x)
     changed = not np.allclose(backend.to_numpy(traced), backend.to_numpy(plain), rtol=0, atol=1e-4)
     assert changed == (side == "beyond" or kind == "longrope")  # LongRoPE's short factors differ too
@@ -156,7 +162,9 @@ def test_fixed_length_keeps_cached_keys_valid(backend: Backend, mode: str) -> No
     call = backend.compile(lambda x, o: rope(x, offset=o), mode)
     full = call(x, backend.asarray(np.array([0])))
     early = rope(x[:, :, :20, :])  # rotated when only 20 tokens existed
-    np.testing.assert_allclose(backend.to_numpy(full)[:, :, :20, :], backend.to_numpy(early), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        backend.to_numpy(full)[:, :, :20, :], backend.to_numpy(early), rtol=0, atol=1e-6
+    )
     want = oracle.rotate(backend.to_numpy(x), np.arange(100), frequencies=np.asarray(rope.inv_freq))
     assert_close(backend, full, want, "float32")
     assert repr(rope).endswith(".at_length(128)")
@@ -223,7 +231,9 @@ def test_longrope_switches_factors_past_the_original_length(backend: Backend) ->
     x_np = backend.to_numpy(x)
     want_short = oracle.rotate(x_np[:, :32], np.arange(32), frequencies=short_f, scale=attention)
     assert_close(backend, rope(x[:, :32, :]), want_short, dtype)
-    assert_close(backend, rope(x), oracle.rotate(x_np, np.arange(40), frequencies=long_f, scale=attention), dtype)
+    assert_close(
+        backend, rope(x), oracle.rotate(x_np, np.arange(40), frequencies=long_f, scale=attention), dtype
+    )
     assert not np.allclose(short_out, long_out[:, :32])
 
 

@@ -29,7 +29,9 @@ ROPES = {
     "plain": anyrope.RoPE(8),
     "partial interleaved": anyrope.RoPE(8, rotary_dim=4, layout="interleaved"),
     "dynamic": anyrope.RoPE(8, scaling=sc.DynamicNTK(2.0, 4)),
-    "longrope": anyrope.RoPE(8, scaling=sc.LongRoPE([1.0, 2.0, 2.5, 3.0], [3.0, 4.0, 5.0, 6.0], 4), max_position=16),
+    "longrope": anyrope.RoPE(
+        8, scaling=sc.LongRoPE([1.0, 2.0, 2.5, 3.0], [3.0, 4.0, 5.0, 6.0], 4), max_position=16
+    ),
     "yarn": anyrope.RoPE(8, scaling=sc.YaRN(4.0, 4)),
 }
 
@@ -54,7 +56,10 @@ def test_no_graph_break_in_any_call_form(torch: Any, rope_name: str, call: str) 
 def test_positions_as_tensors_trace_in_one_graph(torch: Any, rope_name: str) -> None:
     rope = ROPES[rope_name]
     q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
-    for extra in ({"positions": torch.tensor([[0, 1, 2, 3, 4], [9, 8, 7, 6, 5]])}, {"offset": torch.tensor([2, -4])}):
+    for extra in (
+        {"positions": torch.tensor([[0, 1, 2, 3, 4], [9, 8, 7, 6, 5]])},
+        {"offset": torch.tensor([2, -4])},
+    ):
         torch._dynamo.reset()
         explained = torch._dynamo.explain(lambda q, k, e=extra: rope(q, k, **e))(q, k)
         assert explained.graph_break_count == 0, explained.break_reasons
@@ -138,7 +143,10 @@ def test_jax_vmap_and_grad() -> None:
     grad = jax.jit(jax.grad(lambda t: rope(t, offset=4).sum()))(x)
     ones = np.ones((3, 5, 8))
     np.testing.assert_allclose(
-        np.asarray(grad), oracle.rotate(ones, np.arange(4, 9), layout="interleaved", inverse=True), rtol=0, atol=1e-6
+        np.asarray(grad),
+        oracle.rotate(ones, np.arange(4, 9), layout="interleaved", inverse=True),
+        rtol=0,
+        atol=1e-6,
     )
 
 
@@ -153,5 +161,7 @@ def test_compiled_table_forms_match_eager(backend: Backend, mode: str) -> None:
     assert_close(backend, cos, want_cos, "float32")
     assert_close(backend, sin, want_sin, "float32")
     k = backend.asarray(np.random.default_rng(1).standard_normal((2, 2, 3, 16)), "float32")
-    moved = backend.compile(lambda k, p: anyrope.rerotate(rope(k, positions=p), rope, new, positions=p), mode)(k, positions)
+    moved = backend.compile(
+        lambda k, p: anyrope.rerotate(rope(k, positions=p), rope, new, positions=p), mode
+    )(k, positions)
     assert_close(backend, moved, backend.to_numpy(new(k, positions=positions)), "float32")

@@ -67,7 +67,11 @@ def backend_matrix(root: Path = ROOT) -> str:
             lines.append(f"- **{key}**: {note}")
         deviations: dict[str, dict[str, Any]] = spec.get("deviations", {})
         if deviations:
-            lines += ["", "Known deviations (tests marked with the feature are skipped or expected to fail):", ""]
+            lines += [
+                "",
+                "Known deviations (tests marked with the feature are skipped or expected to fail):",
+                "",
+            ]
             lines += [f"- `{feature}` ({d['mode']}): {d['reason']}" for feature, d in deviations.items()]
         else:
             lines += ["", "No known deviations: the whole conformance suite passes."]
@@ -79,9 +83,11 @@ def kernel_table() -> str:
     import anyrope
 
     lines = [
-        "Kernels are tried in this order; each takes the calls its declaration covers, and the "
-        "generic one takes every call. `anyrope.use_fast_paths(False)` keeps to the generic one, "
-        "`use_fast_paths(\"name\")` to one by name.",
+        (
+            "Kernels are tried in this order; each takes the calls its declaration covers, and the "
+            "generic one takes every call. `anyrope.use_fast_paths(False)` keeps to the generic one, "
+            '`use_fast_paths("name")` to one by name.'
+        ),
         "",
         "| kernel | libraries | devices | layouts | dtypes | in place | traceable | gradients | needs |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",

@@ -80,7 +80,9 @@ def cos_sin(
         return _by_digits(xp, env, signed, wrapped, inv_freq, dtype=dtype, device=device, traced=traced)
 
 
-def cos_sin_of_angles(xp: Any, env: Environment, positions: Any, inv_freq: Any, *, dtype: Any) -> tuple[Any, Any]:
+def cos_sin_of_angles(
+    xp: Any, env: Environment, positions: Any, inv_freq: Any, *, dtype: Any
+) -> tuple[Any, Any]:
     """cos and sin for frequencies that are themselves device arrays (DynamicNTK under tracing):
     the product in float64 where the device has it, else in float32, as transformers does."""
     signed, wrapped = index_positions(xp, env, positions)
@@ -105,7 +107,14 @@ SPLIT_BITS = 21  # parts below 2**21, so each part's angle is within 2**21 * 2 p
 
 
 def _by_float64(
-    xp: Any, env: Environment, signed: Any, wrapped: Any, inv_freq: tuple[float, ...], *, dtype: Any, device: Any
+    xp: Any,
+    env: Environment,
+    signed: Any,
+    wrapped: Any,
+    inv_freq: tuple[float, ...],
+    *,
+    dtype: Any,
+    device: Any,
 ) -> tuple[Any, Any]:
     f64 = xp.float64
     freqs = xp.asarray(inv_freq, dtype=f64, device=device)
@@ -171,7 +180,9 @@ def _wrap_turn(inv_freq: tuple[float, ...], bits: int) -> tuple[tuple[float, ...
 
 
 @functools.lru_cache(maxsize=16)
-def host_digit_tables(inv_freq: tuple[float, ...], levels: int) -> tuple[list[list[float]], list[list[float]]]:
+def host_digit_tables(
+    inv_freq: tuple[float, ...], levels: int
+) -> tuple[list[list[float]], list[list[float]]]:
     """Rows ``j * ROWS + d``: cos and sin of ``d * RADIX**j * theta`` for each frequency, each angle
     reduced exactly (fixed point with 256 fraction bits) before its one rounding."""
     bits = 256
@@ -208,14 +219,19 @@ def digit_tables(
     if traced and is_library(xp, "torch"):
         return _traced_torch_tables(inv_freq, levels, dtype, device)
     cos_rows, sin_rows = host_digit_tables(inv_freq, levels)
-    tables = (xp.asarray(cos_rows, dtype=dtype, device=device), xp.asarray(sin_rows, dtype=dtype, device=device))
+    tables = (
+        xp.asarray(cos_rows, dtype=dtype, device=device),
+        xp.asarray(sin_rows, dtype=dtype, device=device),
+    )
     if traced:
         return tables
     nbytes = 2 * len(cos_rows) * len(inv_freq) * (8 if dtype == getattr(xp, "float64", None) else 4)
     return table_cache.keep_constant(xp, key, tables, nbytes)
 
 
-def _traced_torch_tables(inv_freq: tuple[float, ...], levels: int, dtype: Any, device: Any) -> tuple[Any, Any]:
+def _traced_torch_tables(
+    inv_freq: tuple[float, ...], levels: int, dtype: Any, device: Any
+) -> tuple[Any, Any]:
     """The tables built inside a torch trace from small constants (dynamo takes minutes over a
     constant of many thousand floats): each level's exact step angle, times every digit, in
     float64 on the CPU (2e-13 rad off, far below float32), then moved to the device."""
@@ -230,4 +246,3 @@ def _traced_torch_tables(inv_freq: tuple[float, ...], levels: int, dtype: Any, d
         torch.cos(angles).reshape(rows).to(device=device, dtype=dtype),
         torch.sin(angles).reshape(rows).to(device=device, dtype=dtype),
     )
-

@@ -95,6 +95,8 @@ def is_array(value: Any) -> bool:
         return True
     if value is None or isinstance(value, (list, tuple, int, float, str, bytes)):
         return False
+    if type(value).__module__.partition(".")[0] == "torch":  # the first tensor may come while dynamo traces
+        return hasattr(value, "dtype") and hasattr(value, "shape")
     return bool(array_api_compat.is_array_api_obj(value))
 
 
@@ -181,7 +183,8 @@ def _probe(xp: Any, device: Any, jax_x64: bool) -> Environment:
 def _jax_x64() -> bool:
     import jax  # already imported: the array came from it
 
-    return bool(jax.config.read("jax_enable_x64"))
+    config: Any = jax.config  # untyped in JAX's stubs
+    return bool(config.read("jax_enable_x64"))
 
 
 def _hashable(value: Any) -> Any:
@@ -219,7 +222,8 @@ def is_traced(xp: Any, x: Any) -> bool:
 def _torch_traced(x: Any) -> bool:
     import torch
 
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+    jit: Any = torch.jit  # is_tracing is untyped in torch's stubs
+    if torch.compiler.is_compiling() or jit.is_tracing():
         return True
     if x.device.type == "meta":
         return True
@@ -312,7 +316,7 @@ def int_info(xp: Any, dtype: Any) -> tuple[int, bool]:
 
 
 def dtype_name(xp: Any, dtype: Any) -> str:
-    """"float32", "bfloat16", ...; NumPy's non-native byte orders keep their mark (">f8")."""
+    """ "float32", "bfloat16", ...; NumPy's non-native byte orders keep their mark (">f8")."""
 
     def compute() -> str:
         if getattr(dtype, "isnative", True) is False:

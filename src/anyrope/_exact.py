@@ -8,8 +8,6 @@ angle, in [0, 2 pi), is rounded to a float.
 
 from __future__ import annotations
 
-import math
-
 __all__ = ["turn", "turns", "two_pi"]
 
 _FRACTION_BITS = 256  # n * theta < 2**64 * 2**6: the quotient's error is far below 2**-150
@@ -60,4 +58,3 @@ def turn(n: int, theta: float) -> float:
 def turns(n: int, thetas: tuple[float, ...]) -> tuple[float, ...]:
     """:func:`turn` for each frequency."""
     return tuple(turn(n, t) for t in thetas)
-

@@ -22,7 +22,9 @@ class Frequencies:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Frequencies) and self.inv_freq == other.inv_freq and self.scale == other.scale
+        return (
+            isinstance(other, Frequencies) and self.inv_freq == other.inv_freq and self.scale == other.scale
+        )
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from ._compat import (
     is_traced,
     take_rows,
 )
+from ._frequencies import Frequencies, LengthSwitch
 from ._layout import Layout
 from ._positions import Offset, PositionSpec, position_spec
-from ._frequencies import Frequencies, LengthSwitch
 from ._registry import rotate
 from ._rotate import check_input, check_writable, normalize_seq_axis
 
@@ -63,7 +63,15 @@ class Job:
         self.xp, self.env, self.x, self.arg, self.seq_axis = xp, env, x, arg, seq_axis
         self.layout, self.inverse, self.out, self.angles = layout, inverse, out, angles
         self.traced, self.grad, self.compute = traced, grad, compute
-        self.key = (env.library, env.device_type, dtype_name(xp, x.dtype), layout, out is not None, traced, grad)
+        self.key = (
+            env.library,
+            env.device_type,
+            dtype_name(xp, x.dtype),
+            layout,
+            out is not None,
+            traced,
+            grad,
+        )
 
     def tables(self) -> tuple[Any, Any]:
         """Compact (cos, sin), shape (seq, h) or (rows, seq, h), in the compute dtype."""
@@ -77,7 +85,9 @@ class Job:
 class PositionAngles:
     """The angles of a RoPE call: tables for each sequence length and dtype, made once per call."""
 
-    def __init__(self, rope: RoPE, xp: Any, env: Environment, spec: PositionSpec, device: Any, traced: bool, seq: int) -> None:
+    def __init__(
+        self, rope: RoPE, xp: Any, env: Environment, spec: PositionSpec, device: Any, traced: bool, seq: int
+    ) -> None:
         self.rope, self.xp, self.env, self.spec, self.device = rope, xp, env, spec, device
         self.traced = traced
         self.host = None if traced else spec.host_range(seq)  # over the longest array
@@ -114,7 +124,9 @@ class PositionAngles:
         else:
             long_tables = self._static(long, seq, dtype)
         is_long = length > threshold
-        return xp.where(is_long, long_tables[0], short_tables[0]), xp.where(is_long, long_tables[1], short_tables[1])
+        return xp.where(is_long, long_tables[0], short_tables[0]), xp.where(
+            is_long, long_tables[1], short_tables[1]
+        )
 
     def _static(self, freqs: Frequencies, seq: int, dtype: Any) -> tuple[Any, Any]:
         xp, spec = self.xp, self.spec
@@ -123,16 +135,22 @@ class PositionAngles:
             cached = self.rope._prefix(xp, self.env, freqs, host[1] + 1, dtype, self.device)
             if cached is not None:
                 if isinstance(spec, Offset):
-                    return cached[0][spec.start : spec.start + seq, ...], cached[1][spec.start : spec.start + seq, ...]
+                    return cached[0][spec.start : spec.start + seq, ...], cached[1][
+                        spec.start : spec.start + seq, ...
+                    ]
                 positions = spec.positions(xp, self.env, seq, self.device)
                 flat = xp.reshape(positions, (-1,))
                 if flat.dtype != self.env.index:
                     flat = xp.astype(flat, self.env.index)
                 shape = (*positions.shape, len(freqs.inv_freq))
-                return tuple(xp.reshape(take_rows(xp, t, flat), shape) for t in cached)  # type: ignore[return-value]
+                return xp.reshape(take_rows(xp, cached[0], flat), shape), xp.reshape(
+                    take_rows(xp, cached[1], flat), shape
+                )
         positions = spec.positions(xp, self.env, seq, self.device)
-        tables = cos_sin(xp, self.env, positions, freqs.inv_freq, dtype=dtype, device=self.device, traced=self.traced)
-        return scaled(xp, tables, freqs.scale)
+        tables = cos_sin(
+            xp, self.env, positions, freqs.inv_freq, dtype=dtype, device=self.device, traced=self.traced
+        )
+        return scaled(tables, freqs.scale)
 
     def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any, Any] | None:
         """The cached prefix table and host rows into it, where the positions are host-known and
@@ -149,13 +167,11 @@ class PositionAngles:
         return None if cached is None else (cached[0], cached[1], rows)
 
 
-def scaled(xp: Any, tables: tuple[Any, Any], scale: float) -> tuple[Any, Any]:
+def scaled(tables: tuple[Any, Any], scale: float) -> tuple[Any, Any]:
     return tables if scale == 1.0 else (tables[0] * scale, tables[1] * scale)
 
 
-def rope_call(
-    rope: RoPE, q: Any, k: Any, positions: Any, offset: Any, seq_axis: int, inplace: bool
-) -> Any:
+def rope_call(rope: RoPE, q: Any, k: Any, positions: Any, offset: Any, seq_axis: int, inplace: bool) -> Any:
     """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=...)``."""
     named = {"q": q, "k": k}
     if positions is not None and is_array(positions):
@@ -181,7 +197,22 @@ def rope_call(
     angles = PositionAngles(rope, xp, env, spec, device, traced, seq)
     grad = _grad(xp, arrays)
     out = [
-        rotate(Job(xp, env, x, arg, axis, rope.layout, False, x if inplace else None, angles, traced, grad, compute_dtype(xp, x.dtype)))
+        rotate(
+            Job(
+                xp,
+                env,
+                x,
+                arg,
+                axis,
+                rope.layout,
+                False,
+                x if inplace else None,
+                angles,
+                traced,
+                grad,
+                compute_dtype(xp, x.dtype),
+            )
+        )
         for (arg, x), axis in zip(arrays, axes, strict=True)
     ]
     return out[0] if k is None else (out[0], out[1])

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._args import check_int
 from ._compat import Environment, host_array, int_info, is_array, isdtype
 
 __all__ = ["ArrayOffset", "Offset", "PositionSpec", "Positions", "position_spec"]
@@ -195,18 +194,24 @@ def position_spec(
         return Offset(_fits(int(offset), env, "offset"))
     values, known = _index_array(xp, env, offset, device, "offset", traced)
     if values.ndim > 1:
-        raise ValueError(f"offset must be one int, or 1-d with one int per batch row; got shape {tuple(values.shape)}")
+        raise ValueError(
+            f"offset must be one int, or 1-d with one int per batch row; got shape {tuple(values.shape)}"
+        )
     return ArrayOffset(values, known)
 
 
 def _fits(value: int, env: Environment, arg: str) -> int:
     bound = 2 ** (env.index_bits - 1)
     if not -bound <= value < bound:
-        raise ValueError(f"{arg}={value} does not fit in {env.index_bits}-bit integers ({env.library} positions)")
+        raise ValueError(
+            f"{arg}={value} does not fit in {env.index_bits}-bit integers ({env.library} positions)"
+        )
     return value
 
 
-def _index_array(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced: bool) -> tuple[Any, Any]:
+def _index_array(
+    xp: Any, env: Environment, value: Any, device: Any, arg: str, traced: bool
+) -> tuple[Any, Any]:
     """``value`` (an integer array, or nested Python ints) as a device array, and its host view or None."""
     if is_array(value):
         if not isdtype(xp, value.dtype, "integral"):

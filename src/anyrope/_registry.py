@@ -98,7 +98,7 @@ _mirror = threading.local()
 
 def _current(traced: bool) -> bool | str:
     if traced:
-        return getattr(_mirror, "value", True)  # type: ignore[no-any-return]
+        return getattr(_mirror, "value", True)
     return _switch.get()
 
 
@@ -163,8 +163,11 @@ def rotate(job: Job) -> Any:
         result = kernel.run(job)
         if result is not None:
             return result
-    if isinstance(switch, str):
-        forced = next(k for k in kernels() if k.name == switch)
-        why = forced.declares(job.key) or "it declined these arrays (memory layout or table dtype)"
-        raise ValueError(f"kernel {switch!r} cannot rotate {job.arg} here: {why}")
-    raise AssertionError("the generic kernel takes every job")  # pragma: no cover
+    raise ValueError(_refusal(switch, job))
+
+
+def _refusal(switch: bool | str, job: Job) -> str:
+    """Why the kernel ``use_fast_paths`` named could not take ``job`` (the generic one takes all)."""
+    forced = next(k for k in kernels() if k.name == switch)
+    why = forced.declares(job.key) or "it declined these arrays (memory layout or table dtype)"
+    return f"kernel {switch!r} cannot rotate {job.arg} here: {why}"

@@ -97,5 +97,18 @@ def rerotate(
     rescale = 1.0 / old.attention_scaling**2  # the product carries both scales; keep new / old
     cos = xp.astype((c_new * c_old + s_new * s_old) * rescale, compute)
     sin = xp.astype((s_new * c_old - c_new * s_old) * rescale, compute)
-    job = Job(xp, env, k, "k", axis, new.layout, False, None, GivenTables(cos, sin), traced, _grad(xp, [("k", k)]), compute)
+    job = Job(
+        xp,
+        env,
+        k,
+        "k",
+        axis,
+        new.layout,
+        False,
+        None,
+        GivenTables(cos, sin),
+        traced,
+        _grad(xp, [("k", k)]),
+        compute,
+    )
     return rotate(job)

@@ -7,7 +7,18 @@ from typing import Any
 
 from ._args import check_int
 from ._cache import table_cache, untracked
-from ._compat import Environment, array_namespace, compute_dtype, device_of, environment, is_array, is_traced, isdtype, library_name, materialize
+from ._compat import (
+    Environment,
+    array_namespace,
+    compute_dtype,
+    device_of,
+    environment,
+    is_array,
+    is_traced,
+    isdtype,
+    library_name,
+    materialize,
+)
 from ._frequencies import Frequencies, LengthSwitch, Spectrum
 from ._layout import Layout, check_rotary_dim, normalize_layout
 from ._positions import Offset, position_spec
@@ -240,7 +251,9 @@ class RoPE:
 
             with untracked(xp):
                 positions = Offset(0).positions(xp, env, n, device)
-                cos, sin = scaled(xp, cos_sin(xp, env, positions, freqs.inv_freq, dtype=dtype, device=device), freqs.scale)
+                cos, sin = scaled(
+                    cos_sin(xp, env, positions, freqs.inv_freq, dtype=dtype, device=device), freqs.scale
+                )
             materialize(xp, cos, sin)  # the cache shares them across threads
             return cos, sin
 

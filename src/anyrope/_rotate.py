@@ -44,7 +44,9 @@ def check_input(xp: Any, x: Any, *, arg: str, head_dim: int | None = None) -> No
             f"{arg} is a {x.layout} tensor; RoPE rotates dense (strided) tensors: pass {arg}.to_dense()"
         )
     if x.ndim < 2:
-        raise ValueError(f"{arg} must have at least two axes (..., seq, head_dim), got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{arg} must have at least two axes (..., seq, head_dim), got shape {tuple(x.shape)}"
+        )
     if head_dim is not None and x.shape[-1] != head_dim:
         raise ValueError(
             f"{arg}.shape[-1]={x.shape[-1]} does not match head_dim={head_dim}; the last axis must "
@@ -70,7 +72,9 @@ def normalize_seq_axis(seq_axis: int, ndim: int, *, arg: str = "x") -> int:
     return axis
 
 
-def check_writable(xp: Any, named: list[tuple[str, Any]], *, how: str = "inplace=", traced: bool = False) -> None:
+def check_writable(
+    xp: Any, named: list[tuple[str, Any]], *, how: str = "inplace=", traced: bool = False
+) -> None:
     """Everything in-place writing needs, checked for every array before any is written."""
     if is_mlx_namespace(xp) or is_library(xp, "jax.numpy"):
         raise TypeError(
@@ -81,7 +85,9 @@ def check_writable(xp: Any, named: list[tuple[str, Any]], *, how: str = "inplace
         if not is_writeable(xp, x):
             raise ValueError(f"{arg} is read-only; {how} would write into it: pass a writable copy")
         if getattr(x, "requires_grad", False) and getattr(xp, "is_grad_enabled", lambda: False)():
-            raise ValueError(f"{arg} requires grad: rotating in place would break autograd; drop {how.rstrip('=')}")
+            raise ValueError(
+                f"{arg} requires grad: rotating in place would break autograd; drop {how.rstrip('=')}"
+            )
     for i, (first, a) in enumerate(named):
         for second, b in named[i + 1 :]:
             if a is b or (not traced and _overlap(xp, a, b)):
@@ -98,7 +104,8 @@ def _overlap(xp: Any, a: Any, b: Any) -> bool:
         if not np.may_share_memory(a, b):
             return False
         try:
-            return bool(np.shares_memory(a, b, max_work=100_000))
+            work: Any = 100_000  # the stubs allow only the two special values
+            return bool(np.shares_memory(a, b, max_work=work))
         except np.exceptions.TooHardError:  # too costly to tell: assume they do
             return True
     if is_library(xp, "torch"):  # views of one fused qkv buffer are fine: compare exactly
@@ -127,7 +134,9 @@ def _align(xp: Any, table: Any, ndim: int, seq_axis: int) -> Any:
     return table if shape == tuple(table.shape) else xp.reshape(table, shape)
 
 
-def rotate_generic(xp: Any, x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: bool, seq_axis: int) -> Any:
+def rotate_generic(
+    xp: Any, x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: bool, seq_axis: int
+) -> Any:
     """The reference rotation in array-API operations only."""
     dtype = x.dtype
     cos = _align(xp, cos, x.ndim, seq_axis)
@@ -183,7 +192,9 @@ def check_tables(xp: Any, x: Any, cos: Any, sin: Any, seq_axis: int) -> None:
                 f"sequence axis is its first; give x a batch axis"
             )
         if cos.shape[0] != 1 and cos.shape[0] != x.shape[0]:
-            raise ValueError(f"cos.shape[0]={cos.shape[0]} does not match x's batch size {x.shape[0]} (axis 0)")
+            raise ValueError(
+                f"cos.shape[0]={cos.shape[0]} does not match x's batch size {x.shape[0]} (axis 0)"
+            )
 
 
 class GivenTables:

@@ -94,6 +94,13 @@ class Scaling:
         """For length-dependent methods: the longest sequence that keeps the original frequencies."""
         raise TypeError(f"{type(self).__name__} does not depend on the sequence length")
 
+    def device_frequencies(
+        self, xp: Any, length: Any, rotary_dim: int, base: float, *, dtype: Any, device: Any
+    ) -> Any:
+        """For methods whose frequencies change at every length (``continuous``): the frequencies
+        for ``length``, a 0-d integer device array, computed on its device."""
+        raise TypeError(f"{type(self).__name__} has no frequencies that change at every length")
+
 
 @dataclass(frozen=True)
 class Linear(Scaling):
@@ -172,10 +179,14 @@ class DynamicNTK(Scaling):
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None
     ) -> tuple[tuple[float, ...], float]:
         _ntk_base(base, 1.0, rotary_dim)  # rejects rotary_dim <= 2
-        length = max(seq_len if seq_len is not None else self.original_max_position, self.original_max_position)
+        length = max(
+            seq_len if seq_len is not None else self.original_max_position, self.original_max_position
+        )
         return plain_frequencies(rotary_dim, float(self._base_at(base, length, rotary_dim))), 1.0
 
-    def device_frequencies(self, xp: Any, length: Any, rotary_dim: int, base: float, *, dtype: Any, device: Any) -> Any:
+    def device_frequencies(
+        self, xp: Any, length: Any, rotary_dim: int, base: float, *, dtype: Any, device: Any
+    ) -> Any:
         """The frequencies for ``length`` (a 0-d integer device array, ``max(positions) + 1``), on
         its device in ``dtype``: the same formula, for calls whose length is not known on the host."""
         original = self.original_max_position

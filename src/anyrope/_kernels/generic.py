@@ -14,7 +14,9 @@ __all__ = ["run"]
 
 def run(job: Job) -> Any:
     cos, sin = job.tables()
-    result = rotate_generic(job.xp, job.x, cos, sin, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis)
+    result = rotate_generic(
+        job.xp, job.x, cos, sin, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis
+    )
     if job.out is None:
         return result
     job.out[...] = result  # in place: the result is complete before anything is written

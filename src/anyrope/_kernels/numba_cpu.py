@@ -80,7 +80,9 @@ def _contiguous(a: Any) -> bool:
     return bool(a.flags.c_contiguous) if _is_numpy(a) else bool(a.is_contiguous())
 
 
-def _rotate(x: Any, cos: Any, sin: Any, rows: Any, out: Any, layout: str, inverse: bool, seq_axis: int) -> Any:
+def _rotate(
+    x: Any, cos: Any, sin: Any, rows: Any, out: Any, layout: str, inverse: bool, seq_axis: int
+) -> Any:
     import numpy as np
 
     name = str(x.dtype).removeprefix("torch.")
