@@ -3,8 +3,9 @@
 Choose backends with ``--backend NAME`` (repeatable) or ``ANYROPE_BACKEND=a,b``; the default is
 every installed CPU backend. Tests that take the ``backend`` fixture run once per backend; tests
 that take ``mode`` also run under each compiler the backend declares (``compilers`` in its
-backend.toml). Known deviations (``[deviations.<feature>]`` there) apply to tests marked with
-``@pytest.mark.feature("<feature>")``, as skip or xfail.
+backend.toml), and tests that take ``dtype`` once per floating dtype it has. Known deviations
+(``[deviations.<feature>]`` there) apply to tests marked ``@pytest.mark.feature("<feature>")``,
+as skip or xfail.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "feature(name): the test exercises a feature a backend may lack")
+    config.addinivalue_line("markers", "dtypes(*names): run only for these floating dtypes of each backend")
 
 
 def _selected(config: pytest.Config) -> list[str]:
@@ -67,7 +69,24 @@ def _modes(target: str) -> list[str]:
     return ["eager"] + (["compiled"] if compilers else []) + (["dynamic"] if len(compilers) > 1 else [])
 
 
+def _dtypes(target: str) -> list[str]:
+    """The floating dtypes ``target`` has (probed where they depend on the setup, as JAX's
+    float64 does); float32 alone where the backend cannot load, whose tests then skip."""
+    loaded = _load(target)
+    return loaded.dtypes if isinstance(loaded, Backend) else ["float32"]
+
+
+def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0]
+        if name in (names.split(",") if isinstance(names, str) else names):
+            return True
+    return False
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Backends, and with them each compiler (``mode``) and each floating dtype (``dtype``; a
+    ``dtypes(...)`` marker narrows them) that backend has."""
     if "backend" not in metafunc.fixturenames:
         return
     targets = _selected(metafunc.config)
@@ -81,11 +100,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             if not k.libraries or target_ids()[t][0] in k.libraries
         ]
         metafunc.parametrize(("backend", "kernel"), pairs, indirect=True, scope="session")
-    elif "mode" in metafunc.fixturenames:
-        pairs = [(t, m) for t in targets for m in _modes(t)]
-        metafunc.parametrize(("backend", "mode"), pairs, indirect=["backend"], scope="session")
-    else:
+        return
+    names, combos = ["backend"], [(t,) for t in targets]
+    if "mode" in metafunc.fixturenames:
+        names.append("mode")
+        combos = [(*c, m) for c in combos for m in _modes(c[0])]
+    if "dtype" in metafunc.fixturenames and not _parametrized(metafunc, "dtype"):
+        marker = metafunc.definition.get_closest_marker("dtypes")
+        wanted = set(marker.args) if marker is not None else None
+        names.append("dtype")
+        combos = [(*c, d) for c in combos for d in _dtypes(c[0]) if wanted is None or d in wanted]
+    if len(names) == 1:
         metafunc.parametrize("backend", targets, indirect=True, scope="session")
+    else:
+        metafunc.parametrize(names, combos, indirect=["backend"], scope="session")
 
 
 @pytest.fixture(scope="session")

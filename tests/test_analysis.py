@@ -273,6 +273,7 @@ def test_module_imports_no_array_library() -> None:
         "collections.abc",
         "dataclasses",
         "typing",
+        "_args",
         "_layout",
     }
 

@@ -39,7 +39,7 @@ def test_cache_grows_by_doubling_and_is_reused(backend: Backend) -> None:
     assert info["tables"] == 1
     # 300 positions -> 512 rows of cos and sin, 4 pairs each (beside the digit tables where
     # angles are formed from digits: MLX, JAX without x64)
-    assert info["nbytes"] - info["digit_nbytes"] == 512 * 8 * 4
+    assert info["nbytes"] - info["constant_nbytes"] == 512 * 8 * 4
 
 
 def test_cache_keys_on_library_device_and_dtype(backend: Backend) -> None:

@@ -17,8 +17,9 @@ from harness import Backend
         ({"head_dim": 0}, ValueError, "head_dim=0 must be a positive even"),
         ({"head_dim": -4}, ValueError, "head_dim=-4"),
         ({"head_dim": 8.0}, TypeError, "head_dim must be an int"),
-        ({"head_dim": 8, "rotary_dim": 5}, ValueError, "rotary_dim=5 must be a positive even"),
-        ({"head_dim": 8, "rotary_dim": 10}, ValueError, "rotary_dim=10 exceeds head_dim=8"),
+        ({"head_dim": 8, "rotary_dim": 5}, ValueError, "rotary_dim=5 must be an even number from 2 to 8"),
+        ({"head_dim": 8, "rotary_dim": 10}, ValueError, r"rotary_dim=10 must be .* to 8 \(.*head_dim=8\)"),
+        ({"head_dim": 8, "rotary_dim": 4.0}, TypeError, "rotary_dim must be an int"),
         (
             {"head_dim": 8, "layout": "sideways"},
             ValueError,
@@ -140,7 +141,7 @@ def test_layout_helpers_reject(backend: Backend) -> None:
     w = backend.asarray(np.zeros((12, 4)), "float32")
     with pytest.raises(ValueError, match="src='x' is not a known layout"):
         anyrope.to_layout(w, "x", "half")
-    with pytest.raises(ValueError, match="rotary_dim=3 must be a positive even"):
+    with pytest.raises(ValueError, match="rotary_dim=3 must be an even number from 2 to 4"):
         anyrope.to_layout(w, "half", "meta", rotary_dim=3)
     with pytest.raises(ValueError, match=r"weight.shape\[0\]=12 is not divisible by num_heads=5"):
         anyrope.permute_qk_weight(w, 5, "meta", "hf")

@@ -41,19 +41,17 @@ def _same(backend: Backend, compiled: Any, eager: Any, dtype: str) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("rotary_dim", [None, 8])
-def test_matches_oracle_every_dtype(backend: Backend, mode: str, layout: str, rotary_dim: int | None) -> None:
+def test_matches_oracle(backend: Backend, mode: str, dtype: str, layout: str, rotary_dim: int | None) -> None:
     rope = anyrope.RoPE(16, layout=layout, rotary_dim=rotary_dim)
-    call = backend.compile(lambda q: rope(q), mode)
-    for dtype in backend.dtypes:
-        x = backend.asarray(_x((2, 3, 7, 16)), dtype)
-        out = call(x)
-        expected = oracle.rotate(
-            _rounded(backend, _x((2, 3, 7, 16)), dtype), np.arange(7), layout=layout, rotary_dim=rotary_dim
-        )
-        assert out.dtype == x.dtype
-        assert_close(backend, out, expected, dtype)
-        if mode != "eager":
-            _same(backend, out, rope(x), dtype)
+    x = backend.asarray(_x((2, 3, 7, 16)), dtype)
+    out = backend.compile(lambda q: rope(q), mode)(x)
+    expected = oracle.rotate(
+        _rounded(backend, _x((2, 3, 7, 16)), dtype), np.arange(7), layout=layout, rotary_dim=rotary_dim
+    )
+    assert out.dtype == x.dtype
+    assert_close(backend, out, expected, dtype)
+    if mode != "eager":
+        _same(backend, out, rope(x), dtype)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -122,33 +120,73 @@ def test_per_row_offsets_left_padding_included(backend: Backend, mode: str) -> N
     assert_close(backend, call(x, scalar), want, "float32")
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_decoding_token_by_token_equals_full_call(backend: Backend, layout: str) -> None:
-    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
-    for dtype in backend.dtypes:
-        x = backend.asarray(_x((2, 3, 9, 16)), dtype)
-        full = backend.to_numpy(rope(x))
-        for step in range(9):
-            token = x[:, :, step : step + 1, :]
-            got = backend.to_numpy(rope(token, offset=step))
-            np.testing.assert_array_equal(got, full[:, :, step : step + 1, :], err_msg=f"{dtype} step {step}")
-        # A prefill of 4 then decoding continues from there.
-        np.testing.assert_array_equal(backend.to_numpy(rope(x[:, :, 4:, :], offset=4)), full[:, :, 4:, :])
+INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 
 
-def test_partial_rotary_tail_is_bit_identical(backend: Backend, mode: str) -> None:
-    rope = anyrope.RoPE(16, rotary_dim=6)
-    call = backend.compile(lambda x: rope(x, offset=3), mode)
-    for dtype in backend.dtypes:
-        x = backend.asarray(_x((2, 5, 16)), dtype)
-        np.testing.assert_array_equal(backend.to_numpy(call(x)[..., 6:]), backend.to_numpy(x[..., 6:]))
+@pytest.mark.parametrize("int_dtype", INT_DTYPES)
+def test_positions_and_offsets_of_every_integer_dtype(backend: Backend, mode: str, int_dtype: str) -> None:
+    """Positions and offsets of any integer dtype the library has, traced too: the same angles
+    as int64 (torch has no arithmetic on its unsigned 32- and 64-bit types, JAX without x64 no
+    64-bit integers at all)."""
+    dtype = getattr(backend.xp, int_dtype, None)
+    if dtype is None or np.iinfo(int_dtype).bits > np.iinfo(backend.index).bits:
+        pytest.skip(f"{backend.id} has no {int_dtype} arrays")
+    rope = anyrope.RoPE(8, scaling=anyrope.scaling.DynamicNTK(2.0, 8))  # reads the largest position
+    x_np = _x((2, 2, 4, 8))
+    x = backend.asarray(x_np, "float32")
+    top = min(int(np.iinfo(int_dtype).max) - 4, 100_000)
+    by_positions = backend.compile(lambda x, p: rope(x, positions=p), mode)
+    by_offset = backend.compile(lambda x, o: rope(x, offset=o), mode)
+    for positions, offsets in (
+        (np.array([[0, 1, 2, 3], [top, top + 1, top + 2, top + 3]]), np.array([0, top])),
+        (np.array([[5, 6, 7, 8], [9, 10, 11, 12]]), np.array([5, 9])),  # within DynamicNTK's length
+    ):
+        want = rope(x, positions=backend.asarray(positions.astype(backend.index)))
+        got = by_positions(x, backend.asarray(positions.astype(int_dtype)))
+        _same(backend, got, want, "float32")
+        _same(backend, by_offset(x, backend.asarray(offsets.astype(int_dtype))), want, "float32")
+    scalar = backend.xp.asarray(3, dtype=dtype, device=backend.device)
+    _same(backend, by_offset(x, scalar), rope(x, offset=3), "float32")
 
 
-def test_position_zero_is_identity(backend: Backend) -> None:
+def test_positions_past_two_to_the_63(backend: Backend, mode: str) -> None:
+    """uint64 positions past 2**63 (which wrap when read as int64) take every path safely, the
+    host-known one that reads cached tables included, and rotate by their exact angles."""
+    if getattr(backend.xp, "uint64", None) is None or backend.index != "int64":
+        pytest.skip(f"{backend.id} has no 64-bit unsigned positions")
     rope = anyrope.RoPE(8)
-    for dtype in backend.dtypes:
-        x = backend.asarray(_x((3, 1, 8)), dtype)
-        np.testing.assert_array_equal(backend.to_numpy(rope(x)), backend.to_numpy(x))
+    positions = np.array([2**63, 2**64 - 1, 5, 2**63 + 12345], dtype=np.uint64)
+    x_np = _x((2, 4, 8))
+    x = backend.asarray(x_np, "float32")
+    out = backend.compile(lambda x, p: rope(x, positions=p), mode)(x, backend.asarray(positions))
+    cos, sin = oracle.exact_cos_sin(positions, np.asarray(rope.inv_freq))
+    a, b = _rounded(backend, x_np, "float32")[..., :4], _rounded(backend, x_np, "float32")[..., 4:]
+    assert_close(backend, out, np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1), "float32")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_decoding_token_by_token_equals_full_call(backend: Backend, dtype: str, layout: str) -> None:
+    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
+    x = backend.asarray(_x((2, 3, 9, 16)), dtype)
+    full = backend.to_numpy(rope(x))
+    for step in range(9):
+        token = x[:, :, step : step + 1, :]
+        got = backend.to_numpy(rope(token, offset=step))
+        np.testing.assert_array_equal(got, full[:, :, step : step + 1, :], err_msg=f"step {step}")
+    # A prefill of 4 then decoding continues from there.
+    np.testing.assert_array_equal(backend.to_numpy(rope(x[:, :, 4:, :], offset=4)), full[:, :, 4:, :])
+
+
+def test_partial_rotary_tail_is_bit_identical(backend: Backend, mode: str, dtype: str) -> None:
+    rope = anyrope.RoPE(16, rotary_dim=6)
+    x = backend.asarray(_x((2, 5, 16)), dtype)
+    out = backend.compile(lambda x: rope(x, offset=3), mode)(x)
+    np.testing.assert_array_equal(backend.to_numpy(out[..., 6:]), backend.to_numpy(x[..., 6:]))
+
+
+def test_position_zero_is_identity(backend: Backend, dtype: str) -> None:
+    x = backend.asarray(_x((3, 1, 8)), dtype)
+    np.testing.assert_array_equal(backend.to_numpy(anyrope.RoPE(8)(x)), backend.to_numpy(x))
 
 
 def test_negative_positions_turn_back(backend: Backend) -> None:
@@ -240,22 +278,21 @@ def test_offset_tables_match_explicit_positions(backend: Backend) -> None:
     np.testing.assert_array_equal(by_offset, by_array)
 
 
-def test_output_library_device_and_dtype(backend: Backend) -> None:
+def test_output_library_device_and_dtype(backend: Backend, dtype: str) -> None:
     import array_api_compat
 
     rope = anyrope.RoPE(8, rotary_dim=4)
-    for dtype in backend.dtypes:
-        x = backend.asarray(_x((2, 3, 8)), dtype)
-        for out in (rope(x), *rope(x, x), rope(x, positions=[1, 2, 3]), rope(x, offset=[1, 2])):
-            assert type(out) is type(x)
-            assert out.dtype == x.dtype
-            assert tuple(out.shape) == tuple(x.shape)
-            if backend.name != "mlx":  # MLX arrays have no device: unified memory
-                assert array_api_compat.device(out) == array_api_compat.device(x)
-        cos, sin = rope.cos_sin(backend.asarray(np.arange(3)), like=x)
-        assert type(cos) is type(x)
-        assert cos.dtype == x.dtype
-        assert tuple(sin.shape) == (3, 2)
+    x = backend.asarray(_x((2, 3, 8)), dtype)
+    for out in (rope(x), *rope(x, x), rope(x, positions=[1, 2, 3]), rope(x, offset=[1, 2])):
+        assert type(out) is type(x)
+        assert out.dtype == x.dtype
+        assert tuple(out.shape) == tuple(x.shape)
+        if backend.name != "mlx":  # MLX arrays have no device: unified memory
+            assert array_api_compat.device(out) == array_api_compat.device(x)
+    cos, sin = rope.cos_sin(backend.asarray(np.arange(3)), like=x)
+    assert type(cos) is type(x)
+    assert cos.dtype == x.dtype
+    assert tuple(sin.shape) == (3, 2)
 
 
 def test_sinusoidal(backend: Backend, mode: str) -> None:

@@ -104,9 +104,16 @@ def _tolerance(backend: Backend, rope: anyrope.RoPE, dtype: str, top: int, trace
     return max(1e-6, top * max(rope.inv_freq) * 2.0**-22)
 
 
+@pytest.mark.dtypes("float32", "float64")
 @pytest.mark.parametrize(("name", "kwargs", "seq_len", "expected"), CASES, ids=IDS)
 def test_scaled_rotation_matches_oracle(
-    backend: Backend, mode: str, name: str, kwargs: dict[str, Any], seq_len: int | None, expected: Any
+    backend: Backend,
+    mode: str,
+    dtype: str,
+    name: str,
+    kwargs: dict[str, Any],
+    seq_len: int | None,
+    expected: Any,
 ) -> None:
     """Positions as a traced input: length-dependent methods choose their frequencies on the device."""
     rope = _rope(kwargs, layout="interleaved")
@@ -115,17 +122,16 @@ def test_scaled_rotation_matches_oracle(
     positions = np.array([0, 1, 7, 100, top // 2, top])
     x_np = np.random.default_rng(0).standard_normal((2, 6, 64))
     call = backend.compile(lambda x, p: rope(x, positions=p), mode)
-    for dtype in [d for d in ("float32", "float64") if d in backend.dtypes]:
-        x = backend.asarray(x_np, dtype)
-        out = call(x, backend.asarray(positions))
-        expected_out = oracle.rotate(
-            backend.to_numpy(x), positions, layout="interleaved", frequencies=want, scale=attention
-        )
-        tolerance = _tolerance(backend, rope, dtype, top, mode != "eager")
-        if tolerance is None:
-            assert_close(backend, out, expected_out, dtype)
-        else:
-            np.testing.assert_allclose(backend.to_numpy(out), expected_out, rtol=0, atol=tolerance * 4)
+    x = backend.asarray(x_np, dtype)
+    out = call(x, backend.asarray(positions))
+    expected_out = oracle.rotate(
+        backend.to_numpy(x), positions, layout="interleaved", frequencies=want, scale=attention
+    )
+    tolerance = _tolerance(backend, rope, dtype, top, mode != "eager")
+    if tolerance is None:
+        assert_close(backend, out, expected_out, dtype)
+    else:
+        np.testing.assert_allclose(backend.to_numpy(out), expected_out, rtol=0, atol=tolerance * 4)
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "longrope"])

@@ -41,9 +41,30 @@ def torch() -> Any:
     return pytest.importorskip("torch")
 
 
+@pytest.fixture(scope="module")
+def other_libraries_called() -> None:
+    """Every other installed library called first: dynamo reads anyrope's per-process memos while
+    it traces, and must meet none of their dtypes or devices there (it cannot hash MLX's)."""
+    import importlib.util
+
+    for module in ("numpy", "mlx.core", "jax.numpy", "array_api_strict"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if found:
+            xp = importlib.import_module(module)
+            for dtype in ("float32", "float16"):
+                if hasattr(xp, dtype):
+                    x = xp.ones((2, 3, 8), dtype=getattr(xp, dtype))
+                    anyrope.RoPE(8)(x, x, offset=[1, 2])
+
+
 @pytest.mark.parametrize("rope_name", list(ROPES))
 @pytest.mark.parametrize("call", list(CALLS))
-def test_no_graph_break_in_any_call_form(torch: Any, rope_name: str, call: str) -> None:
+def test_no_graph_break_in_any_call_form(
+    torch: Any, other_libraries_called: None, rope_name: str, call: str
+) -> None:
     rope, form = ROPES[rope_name], CALLS[call]
     q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
     torch._dynamo.reset()
@@ -53,7 +74,9 @@ def test_no_graph_break_in_any_call_form(torch: Any, rope_name: str, call: str) 
 
 
 @pytest.mark.parametrize("rope_name", list(ROPES))
-def test_positions_as_tensors_trace_in_one_graph(torch: Any, rope_name: str) -> None:
+def test_positions_as_tensors_trace_in_one_graph(
+    torch: Any, other_libraries_called: None, rope_name: str
+) -> None:
     rope = ROPES[rope_name]
     q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
     for extra in (
@@ -129,6 +152,37 @@ def test_decoding_with_an_int_offset_compiles_at_most_twice(torch: Any) -> None:
         if n in (0, 1, 15, 16, 63):  # both sides of DynamicNTK's threshold
             torch.testing.assert_close(got_q, rope(q, offset=n), rtol=0, atol=1e-6)
     assert compilations <= 2
+
+
+def test_a_compiled_call_reads_no_memo(torch: Any) -> None:
+    """While dynamo traces, anyrope reads none of its per-process memos: dynamo would guard the
+    graph on them, and a later entry (a new dtype, another library) would recompile it."""
+    compilations = 0
+
+    def counting(graph: Any, example_inputs: Any) -> Any:
+        nonlocal compilations
+        compilations += 1
+        return graph.forward
+
+    anyrope.table_cache.clear()
+    rope = anyrope.RoPE(8, scaling=sc.LongRoPE([1.0, 2.0, 2.5, 3.0], [3.0, 4.0, 5.0, 6.0], 4))
+    torch._dynamo.reset()
+    step = torch.compile(lambda q, p: rope(q, positions=p), backend=counting, fullgraph=True)
+    q, positions = torch.randn(2, 3, 8), torch.tensor([1, 2, 9])
+    step(q, positions)
+    step(q, positions)
+    assert compilations == 1
+    for dtype in (torch.float16, torch.float64, torch.bfloat16):  # new dtypes, plans and tables
+        rope(torch.ones(2, 3, 8, dtype=dtype), offset=[1, 2])
+        anyrope.RoPE(8)(torch.ones(2, 3, 8, dtype=dtype), positions=[4, 5, 6])
+    import importlib.util
+
+    if importlib.util.find_spec("numpy") is not None:  # another library's types and dtypes
+        import numpy as np
+
+        rope(np.ones((2, 3, 8), dtype=np.float32), offset=3)
+    torch.testing.assert_close(step(q, positions), rope(q, positions=positions), rtol=0, atol=1e-6)
+    assert compilations == 1
 
 
 def test_jax_vmap_and_grad() -> None:

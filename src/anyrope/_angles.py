@@ -26,9 +26,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
-from ._compat import Environment, float64_scope, int_info, is_library, take_rows
+from ._compat import Environment, float64_scope, is_library, take_rows
+from ._dtypes import int_info
 from ._exact import turns, two_pi
 
 __all__ = ["cos_sin", "cos_sin_of_angles", "index_positions"]
@@ -75,7 +77,7 @@ def cos_sin(
     signed, wrapped = index_positions(xp, env, positions)
     wide = dtype == getattr(xp, "float64", None)
     if env.angles == "float64":
-        return _by_float64(xp, env, signed, wrapped, inv_freq, dtype=dtype, device=device)
+        return _by_float64(xp, env, signed, wrapped, inv_freq, dtype=dtype, device=device, traced=traced)
     with float64_scope(xp) if wide else _nothing():
         return _by_digits(xp, env, signed, wrapped, inv_freq, dtype=dtype, device=device, traced=traced)
 
@@ -115,22 +117,46 @@ def _by_float64(
     *,
     dtype: Any,
     device: Any,
+    traced: bool,
 ) -> tuple[Any, Any]:
     f64 = xp.float64
-    freqs = xp.asarray(inv_freq, dtype=f64, device=device)
+    levels = -(-(env.index_bits - 1) // SPLIT_BITS)
+
+    unsigned = wrapped is not None
+
+    def build() -> tuple[Any, Any]:
+        steps = [inv_freq, *(turns(1 << (SPLIT_BITS * j), inv_freq) for j in range(1, levels))]
+        # Only for unsigned positions that wrapped: 2**64 positions' angle is reduced from a
+        # number beyond what a tracer's integer arithmetic keeps exactly.
+        back = (
+            xp.asarray(turns(1 << env.index_bits, inv_freq), dtype=f64, device=device) if unsigned else None
+        )
+        return xp.asarray(steps, dtype=f64, device=device), back
+
+    # Row j: the angle of 2**(21 j) positions, reduced exactly; back: that of 2**bits positions.
+    key = ("float64", inv_freq, unsigned)
+    steps, back = build() if traced else _constant(xp, env, key, build, levels + 1)
+    freqs = steps[0, :]
     negative = signed < 0
     magnitude = xp.where(negative, -1 - signed, signed)  # ~p for negatives: never overflows
     low = xp.astype(magnitude & ((1 << SPLIT_BITS) - 1), f64)[..., None] * freqs
     high = magnitude >> SPLIT_BITS
-    for level in range(1, -(-(env.index_bits - 1) // SPLIT_BITS)):
+    for level in range(1, levels):
         part = (high >> (SPLIT_BITS * (level - 1))) & ((1 << SPLIT_BITS) - 1)
-        step = xp.asarray(turns(1 << (SPLIT_BITS * level), inv_freq), dtype=f64, device=device)
-        low = xp.astype(part, f64)[..., None] * step + low  # exactly low where the part is 0
+        low = xp.astype(part, f64)[..., None] * steps[level, :] + low  # exactly low where the part is 0
     angles = xp.where(negative[..., None], -(low + freqs), low)  # angle(-1 - m) = -(m + 1) theta
     if wrapped is not None:
-        back = xp.asarray(turns(1 << env.index_bits, inv_freq), dtype=f64, device=device)
         angles = angles + xp.astype(wrapped, f64)[..., None] * back
     return xp.astype(xp.cos(angles), dtype), xp.astype(xp.sin(angles), dtype)
+
+
+def _constant(
+    xp: Any, env: Environment, key: tuple[Any, ...], build: Callable[[], tuple[Any, Any]], rows: int
+) -> tuple[Any, Any]:
+    """Small constant device arrays of ``rows`` float64 rows per frequency, made once per device."""
+    from ._cache import table_cache
+
+    return table_cache.constant(xp, (*key, env), build, nbytes=8 * rows * len(key[1]))
 
 
 def _by_digits(
@@ -162,7 +188,14 @@ def _by_digits(
         c, s = _add(c, s, cos[:, j, :], sin[:, j, :])
     s = xp.where(negative[:, None], -s, s)  # angle(p) = -(m + 1) theta for p = -1 - m
     if wrapped is not None:
-        cw, sw = (xp.asarray(t, dtype=dtype, device=device) for t in _wrap_turn(inv_freq, env.index_bits))
+
+        def wrap() -> tuple[Any, Any]:
+            cos_sin = _wrap_turn(inv_freq, env.index_bits)
+            return xp.asarray(cos_sin[0], dtype=dtype, device=device), xp.asarray(
+                cos_sin[1], dtype=dtype, device=device
+            )
+
+        cw, sw = wrap() if traced else _constant(xp, env, ("wrap", inv_freq, dtype), wrap, 2)
         moved_c, moved_s = _add(c, s, cw, sw)
         back = xp.reshape(wrapped, (count,))[:, None]
         c, s = xp.where(back, moved_c, c), xp.where(back, moved_s, s)
@@ -209,24 +242,20 @@ def _fixed(n: int, theta: float, bits: int) -> int:
 def digit_tables(
     xp: Any, env: Environment, inv_freq: tuple[float, ...], levels: int, dtype: Any, device: Any, traced: bool
 ) -> tuple[Any, Any]:
-    """The digit tables on the device, cached there (never while tracing: nothing traced is kept)."""
-    from ._cache import table_cache
-
-    key = ("digits", env.library, env.device_type, str(device), str(dtype), inv_freq, levels)
-    found = table_cache.constant(key)
-    if found is not None:
-        return found
+    """The digit tables on the device, cached there (never while tracing: nothing traced is kept,
+    and dynamo could not read the cache's keys)."""
     if traced and is_library(xp, "torch"):
         return _traced_torch_tables(inv_freq, levels, dtype, device)
-    cos_rows, sin_rows = host_digit_tables(inv_freq, levels)
-    tables = (
-        xp.asarray(cos_rows, dtype=dtype, device=device),
-        xp.asarray(sin_rows, dtype=dtype, device=device),
-    )
+
+    def build() -> tuple[Any, Any]:
+        cos_rows, sin_rows = host_digit_tables(inv_freq, levels)
+        return xp.asarray(cos_rows, dtype=dtype, device=device), xp.asarray(
+            sin_rows, dtype=dtype, device=device
+        )
+
     if traced:
-        return tables
-    nbytes = 2 * len(cos_rows) * len(inv_freq) * (8 if dtype == getattr(xp, "float64", None) else 4)
-    return table_cache.keep_constant(xp, key, tables, nbytes)
+        return build()
+    return _constant(xp, env, ("digits", inv_freq, levels, dtype), build, levels * ROWS)
 
 
 def _traced_torch_tables(

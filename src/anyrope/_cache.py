@@ -1,7 +1,8 @@
 """The process-wide cache of tables on each device, bounded in bytes and safe under threads.
 
 Two kinds of entry: prefix tables (cos and sin of positions ``0 .. n - 1``, the fast route for
-positions known on the host) and constant tables (the digit tables of :mod:`._angles`). Nothing
+positions known on the host) and constant tables (the digit tables and exact angle steps of
+:mod:`._angles`). Nothing
 built while tracing is kept: a traced value is not an array.
 """
 
@@ -44,14 +45,15 @@ class TableCache:
         self.min_length = min_length
 
     def info(self) -> dict[str, int]:
-        """Prefix tables and digit tables held, their bytes, and the bound."""
+        """Prefix tables and constant tables (digit tables, exact angle steps) held, their bytes,
+        and the bound."""
         with self._lock:
-            digits = [entry.nbytes for entry in self._entries.values() if entry.length == 0]
+            constants = [entry.nbytes for entry in self._entries.values() if entry.length == 0]
             return {
-                "tables": len(self._entries) - len(digits),
-                "digit_tables": len(digits),
+                "tables": len(self._entries) - len(constants),
+                "constant_tables": len(constants),
                 "nbytes": self._nbytes,
-                "digit_nbytes": sum(digits),
+                "constant_nbytes": sum(constants),
                 "limit_bytes": self.limit_bytes,
             }
 
@@ -98,11 +100,11 @@ class TableCache:
 
         None when even ``length`` rows would exceed half the bound: the caller builds what it needs.
         """
+        found = self.covering(key, length)
+        if found is not None:
+            return found
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and entry.length >= length:
-                self._entries.move_to_end(key)
-                return entry.tables
             previous = entry.length if entry is not None else 0
         size = max(length, hint, self.min_length, 2 * previous)
         size = 1 << (size - 1).bit_length()
@@ -113,17 +115,27 @@ class TableCache:
                 return None
         return self._store(key, build(size), size, size * row_bytes)
 
-    def constant(self, key: Hashable) -> tuple[Any, Any] | None:
-        """A table stored by :meth:`keep_constant`, or None.
+    def covering(self, key: Hashable, length: int) -> tuple[Any, Any] | None:
+        """The prefix tables under ``key`` if they cover ``length`` positions (marked as just used), else None."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.length < length:
+                return None
+            self._entries.move_to_end(key)
+            return entry.tables
 
-        A plain dict read (no lock): it is also called while dynamo traces, which cannot take locks.
-        """
-        entry = self._entries.get(key)
-        return None if entry is None else entry.tables
-
-    def keep_constant(self, xp: Any, key: Hashable, tables: tuple[Any, Any], nbytes: int) -> tuple[Any, Any]:
-        """Keep ``tables`` (finished first: they are shared between threads) and return them."""
-        materialize(xp, *tables)
+    def constant(
+        self, xp: Any, key: Hashable, build: Callable[[], tuple[Any, Any]], *, nbytes: int
+    ) -> tuple[Any, Any]:
+        """A pair of constant device arrays (digit tables, exact angle steps), built once by
+        ``build()``. Made on the device once rather than copied there on every call: a copy per
+        call would cost a host-to-device transfer, which a captured CUDA graph cannot replay.
+        Never call this while tracing: nothing traced may be kept."""
+        entry = self._entries.get(key)  # a plain dict read: no lock needed
+        if entry is not None:
+            return entry.tables
+        tables = build()
+        materialize(xp, *tables)  # finished first: they are shared between threads
         if nbytes > self.limit_bytes // 2:
             return tables
         return self._store(key, tables, 0, nbytes)

@@ -9,7 +9,6 @@ MLX arrives through that fallback and is wrapped by :mod:`._mlx`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,17 +19,13 @@ from ._mlx import MLXNamespace, mlx_namespace
 __all__ = [
     "Environment",
     "array_namespace",
-    "compute_dtype",
     "device_of",
-    "dtype_name",
     "environment",
     "host_array",
-    "int_info",
     "is_library",
     "is_mlx_namespace",
     "is_traced",
     "is_writeable",
-    "isdtype",
     "library_name",
     "materialize",
     "take_rows",
@@ -48,11 +43,12 @@ def is_library(xp: Any, name: str) -> bool:
 
 
 def library_name(xp: Any) -> str:
-    """A short, user-facing name for an array namespace ("numpy", "torch", "mlx", "jax.numpy", ...)."""
+    """A short, user-facing name for an array namespace ("numpy", "torch", "mlx", "jax.numpy", ...).
+
+    Read from the namespace each time: dynamo cannot use a module as a dictionary key."""
     if isinstance(xp, MLXNamespace):
         return "mlx"
-    name = getattr(xp, "__name__", type(xp).__name__)
-    return str(name).removeprefix("array_api_compat.")
+    return str(getattr(xp, "__name__", type(xp).__name__)).removeprefix("array_api_compat.")
 
 
 # An array's namespace depends only on its type: look each type up once. This keeps dispatch
@@ -62,10 +58,12 @@ _by_type: dict[type, tuple[Any, str]] = {}
 
 def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
     kind = type(value)
+    if _is_torch_type(kind):  # before any memo: see torch_compiling
+        return _torch_namespace(), "torch"
     found = _by_type.get(kind)
     if found is None:
         try:
-            xp = _torch_namespace(kind) or array_api_compat.array_namespace(value)
+            xp = array_api_compat.array_namespace(value)
         except TypeError:
             raise TypeError(
                 f"{arg} must be an array of a supported library (NumPy, PyTorch, CuPy, MLX, JAX or any "
@@ -78,26 +76,41 @@ def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
     return found
 
 
-def _torch_namespace(kind: type) -> Any:
-    """array-api-compat's torch namespace, imported plainly: a first call may come while dynamo
-    traces, and dynamo warns of array-api-compat's cached type lookup."""
-    if kind.__module__.partition(".")[0] != "torch":
-        return None
+def _is_torch_type(kind: type) -> bool:
+    return kind.__module__.partition(".")[0] == "torch"
+
+
+def _torch_namespace() -> Any:
+    """array-api-compat's torch namespace, imported plainly: dynamo warns of array-api-compat's
+    cached type lookup."""
     import array_api_compat.torch as namespace
 
     return namespace
 
 
+def torch_compiling(value: Any) -> bool:
+    """Whether ``value`` is a torch object and dynamo is tracing.
+
+    While it traces, anyrope reads none of its process-wide memos (namespaces, dtype facts,
+    environments, call plans, kernel choices, tables): dynamo would guard the compiled graph on
+    their contents, and any later entry, for another library or dtype, would recompile it. So
+    this asks no memo itself: the value's type, then torch."""
+    if not _is_torch_type(type(value)):
+        return False
+    import torch
+
+    return bool(torch.compiler.is_compiling())
+
+
 def is_array(value: Any) -> bool:
-    # Types already seen as arrays answer from the namespace cache (a dict lookup); Python values
-    # never reach array-api-compat's check (cached inside, which dynamo warns about).
-    if type(value) in _by_type:
-        return True
+    # Python values never reach array-api-compat's check (cached inside, which dynamo warns
+    # about); torch types are told by their module, before the namespace memo.
     if value is None or isinstance(value, (list, tuple, int, float, str, bytes)):
         return False
-    if type(value).__module__.partition(".")[0] == "torch":  # the first tensor may come while dynamo traces
+    kind = type(value)
+    if _is_torch_type(kind):
         return hasattr(value, "dtype") and hasattr(value, "shape")
-    return bool(array_api_compat.is_array_api_obj(value))
+    return kind in _by_type or bool(array_api_compat.is_array_api_obj(value))
 
 
 def array_namespace(**named: Any) -> Any:
@@ -106,21 +119,24 @@ def array_namespace(**named: Any) -> Any:
     The keyword names are the caller's argument names, so a mismatch can say which argument
     came from which library.
     """
-    first: tuple[str, Any, str] | None = None
-    for arg, value in named.items():
-        if value is None:
-            continue
-        xp, lib = _namespace_of(arg, value)
-        if first is None:
-            first = (arg, xp, lib)
-        elif lib != first[2]:
-            raise TypeError(
-                f"{first[0]} is a {first[2]} array but {arg} is a {lib} array; pass arrays "
-                f"of one library (convert with {first[2]}'s asarray or from_dlpack)"
-            )
-    if first is None:
+    present = [(arg, value) for arg, value in named.items() if value is not None]
+    if not present:
         raise TypeError("no array was given")
-    return first[1]
+    return namespace_and_library(*present)[0]
+
+
+def namespace_and_library(first: tuple[str, Any], *others: tuple[str, Any]) -> tuple[Any, str]:
+    """The namespace of ``first``'s array and its library name, after checking that every other
+    (argument name, array) pair is of the same library."""
+    xp, library = _namespace_of(*first)
+    for arg, value in others:
+        other = _namespace_of(arg, value)[1]
+        if other != library:
+            raise TypeError(
+                f"{first[0]} is a {library} array but {arg} is a {other} array; pass arrays "
+                f"of one library (convert with {library}'s asarray or from_dlpack)"
+            )
+    return xp, library
 
 
 def device_of(xp: Any, x: Any) -> Any:
@@ -131,9 +147,10 @@ def device_of(xp: Any, x: Any) -> Any:
     return device if device is not None else array_api_compat.device(x)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Environment:
-    """What one library on one device offers the angle and position code.
+    """What one library on one device offers the angle and position code; one object per
+    library, device (and JAX x64 setting), compared by identity (it keys cached tables).
 
     ``float64``: float64 arithmetic works on the device. ``angles``: how narrow (float32 and
     smaller) tables are formed, "float64" (the device's own float64 cos and sin, then a cast) or
@@ -147,14 +164,20 @@ class Environment:
     angles: str
     index: Any
     index_bits: int
+    device: Any
 
 
 _environments: dict[tuple[Any, ...], Environment] = {}
 
 
-def environment(xp: Any, device: Any) -> Environment:
-    jax_x64 = is_library(xp, "jax.numpy") and _jax_x64()
-    key = (library_name(xp), _hashable(device), jax_x64)
+def environment(xp: Any, device: Any, *, traced: bool = False) -> Environment:
+    """The environment of a library on a device: one object per library, device and JAX x64
+    setting, remembered (but made afresh while a call is traced, which reads no memo)."""
+    library = library_name(xp)
+    jax_x64 = library == "jax.numpy" and _jax_x64()
+    if traced:
+        return _probe(xp, device, jax_x64)
+    key = (library, _hashable(device), jax_x64)
     found = _environments.get(key)
     if found is None:
         found = _environments.setdefault(key, _probe(xp, device, jax_x64))
@@ -177,7 +200,7 @@ def _probe(xp: Any, device: Any, jax_x64: bool) -> Environment:
     # MLX does float64 on its CPU stream only, and its float64 cos and sin are float32-accurate:
     # exact host tables combined on the device serve every MLX device alike.
     angles = "float64" if wide and not isinstance(xp, MLXNamespace) else "digits"
-    return Environment(library, kind, wide, angles, getattr(xp, f"int{bits}"), bits)
+    return Environment(library, kind, wide, angles, getattr(xp, f"int{bits}"), bits, device)
 
 
 def _jax_x64() -> bool:
@@ -188,6 +211,8 @@ def _jax_x64() -> bool:
 
 
 def _hashable(value: Any) -> Any:
+    if type(value) is str:
+        return value
     try:
         hash(value)
     except TypeError:
@@ -202,8 +227,9 @@ def float64_scope(xp: Any) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def is_traced(xp: Any, x: Any) -> bool:
-    """Whether ``x`` is being traced or compiled, or holds no values: then nothing may read them.
+def is_traced(xp: Any, *arrays: Any) -> bool:
+    """Whether any of ``arrays`` is being traced or compiled, or holds no values: then nothing may
+    read them (``None`` entries are skipped).
 
     torch: dynamo, ``torch.jit`` tracing, meta and fake tensors, functorch transforms and tensor
     subclasses; JAX: tracers. MLX cannot tell from an array whether ``mx.compile`` is tracing, so
@@ -211,20 +237,20 @@ def is_traced(xp: Any, x: Any) -> bool:
     """
     library = library_name(xp)
     if library == "torch":
-        return _torch_traced(x)
+        import torch
+
+        jit: Any = torch.jit  # is_tracing is untyped in torch's stubs
+        if torch.compiler.is_compiling() or jit.is_tracing():
+            return True
+        return any(_torch_valueless(torch, x) for x in arrays if x is not None)
     if library == "jax.numpy":
         import jax
 
-        return isinstance(x, jax.core.Tracer)
+        return any(isinstance(x, jax.core.Tracer) for x in arrays)
     return False
 
 
-def _torch_traced(x: Any) -> bool:
-    import torch
-
-    jit: Any = torch.jit  # is_tracing is untyped in torch's stubs
-    if torch.compiler.is_compiling() or jit.is_tracing():
-        return True
+def _torch_valueless(torch: Any, x: Any) -> bool:
     if x.device.type == "meta":
         return True
     if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
@@ -232,17 +258,17 @@ def _torch_traced(x: Any) -> bool:
     return bool(torch._C._functorch.is_functorch_wrapped_tensor(x))
 
 
-def host_array(xp: Any, x: Any) -> Any:
+def host_array(xp: Any, x: Any, traced: bool) -> Any:
     """``x`` as a NumPy array sharing its memory where its values may be read on the host, else None.
 
-    Host-resident: NumPy arrays, and CPU torch tensors outside tracing. Everything else (GPUs,
-    JAX, MLX, lazy arrays) is read only through shapes, dtypes and devices.
+    Host-resident: NumPy arrays, and CPU torch tensors outside tracing (``traced``: the call is).
+    Everything else (GPUs, JAX, MLX, lazy arrays) is read only through shapes, dtypes and devices.
     """
     library = library_name(xp)
     if library == "numpy":
         return x
-    if library == "torch" and x.device.type == "cpu" and not _torch_traced(x):
-        return x.detach().numpy()
+    if library == "torch" and not traced and x.device.type == "cpu":
+        return (x.detach() if x.requires_grad else x).numpy()
     return None
 
 
@@ -270,62 +296,3 @@ def take_rows(xp: Any, table: Any, indices: Any) -> Any:
     if is_library(xp, "torch"):
         return table.index_select(0, indices)
     return xp.take(table, indices, axis=0)
-
-
-# Facts about dtypes, remembered per dtype: they never change, and asking the library costs
-# microseconds a decode step notices. Keyed by the dtype's type first (dtypes of two libraries are
-# never compared). While dynamo traces, the memo is skipped: it cannot hash every dtype object.
-_dtype_facts: dict[tuple[str, type, Any], Any] = {}
-
-
-def _dtype_fact(xp: Any, what: str, dtype: Any, compute: Callable[[], Any]) -> Any:
-    if is_library(xp, "torch") and _torch_compiling():
-        return compute()
-    key = (what, type(dtype), dtype)
-    found = _dtype_facts.get(key)
-    if found is None:
-        found = _dtype_facts[key] = compute()
-    return found
-
-
-def _torch_compiling() -> bool:
-    import torch
-
-    return bool(torch.compiler.is_compiling())
-
-
-def isdtype(xp: Any, dtype: Any, kind: str) -> bool:
-    """``xp.isdtype``, remembered."""
-    return bool(_dtype_fact(xp, kind, dtype, lambda: xp.isdtype(dtype, kind)))
-
-
-def float_bits(xp: Any, dtype: Any) -> int:
-    """The width of a floating dtype in bits (64 for NumPy's big-endian float64 too)."""
-    return int(_dtype_fact(xp, "float bits", dtype, lambda: xp.finfo(dtype).bits))
-
-
-def int_info(xp: Any, dtype: Any) -> tuple[int, bool]:
-    """(bits, signed) of an integer dtype (from ``iinfo``'s bounds: MLX's has no ``bits``)."""
-
-    def compute() -> tuple[int, bool]:
-        info = xp.iinfo(dtype)
-        signed = int(info.min) < 0
-        return int(info.max).bit_length() + signed, signed
-
-    return _dtype_fact(xp, "int info", dtype, compute)  # type: ignore[no-any-return]
-
-
-def dtype_name(xp: Any, dtype: Any) -> str:
-    """ "float32", "bfloat16", ...; NumPy's non-native byte orders keep their mark (">f8")."""
-
-    def compute() -> str:
-        if getattr(dtype, "isnative", True) is False:
-            return str(dtype)
-        return str(getattr(dtype, "name", None) or str(dtype).rsplit(".", 1)[-1])
-
-    return str(_dtype_fact(xp, "name", dtype, compute))
-
-
-def compute_dtype(xp: Any, dtype: Any) -> Any:
-    """The dtype RoPE arithmetic runs in: float64 for 64-bit floats, float32 for everything narrower."""
-    return xp.float64 if float_bits(xp, dtype) == 64 else xp.float32

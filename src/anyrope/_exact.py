@@ -29,15 +29,13 @@ def _two_pi(bits: int) -> int:
     return (2 * (16 * atan_inverse(5) - 4 * atan_inverse(239))) >> 32
 
 
-_TWO_PI = {_FRACTION_BITS: _two_pi(_FRACTION_BITS)}  # the one almost every frequency needs
+_TWO_PI = _two_pi(_FRACTION_BITS)  # the one every frequency above 2**-192 needs
 
 
 def two_pi(bits: int) -> int:
-    """floor(2 pi * 2**bits), remembered (plain dict: dynamo warns of functools caches)."""
-    found = _TWO_PI.get(bits)
-    if found is None:
-        found = _TWO_PI[bits] = _two_pi(bits)
-    return found
+    """floor(2 pi * 2**bits): the common precision made once, others each time (a memo would
+    be read while dynamo traces, which guards on it)."""
+    return _TWO_PI if bits == _FRACTION_BITS else _two_pi(bits)
 
 
 def turn(n: int, theta: float) -> float:

@@ -41,7 +41,17 @@ class LengthSwitch:
 class Spectrum:
     """The frequencies of one RoPE configuration, for every sequence length."""
 
-    __slots__ = ("_by_length", "base", "fixed", "max_position", "rotary_dim", "scaling", "theta")
+    __slots__ = (
+        "_by_length",
+        "base",
+        "fixed",
+        "max_position",
+        "rotary_dim",
+        "scaling",
+        "static",
+        "switch",
+        "theta",
+    )
 
     def __init__(
         self, scaling: Scaling, rotary_dim: int, theta: float, max_position: int | None, fixed: int | None
@@ -50,6 +60,15 @@ class Spectrum:
         self.max_position, self.fixed = max_position, fixed
         self._by_length: dict[int, Frequencies] = {}
         self.base = self._compute(None)  # within the original context
+        # Every call's frequencies where they do not depend on the call (fixed with at_length).
+        self.static = self.base if fixed is None or not scaling.length_dependent else self._compute(fixed)
+        # Where the length is not known on the host: both sides, made now, as a traced call may
+        # read no memo (dynamo would guard on it).
+        self.switch: LengthSwitch | None = None
+        if self.length_dependent:
+            threshold = scaling.original_length()
+            long = None if scaling.continuous else self._compute(threshold + 1)
+            self.switch = LengthSwitch(threshold, self.base, long)
 
     @property
     def length_dependent(self) -> bool:
@@ -63,10 +82,8 @@ class Spectrum:
 
     def at(self, seq_len: int | None) -> Frequencies:
         """Frequencies for a sequence length; the same object for every length that shares them."""
-        if self.fixed is not None:
-            seq_len = self.fixed
-        if seq_len is None or not self.scaling.length_dependent:
-            return self.base
+        if seq_len is None or self.fixed is not None or not self.scaling.length_dependent:
+            return self.static
         found = self._by_length.get(seq_len)
         if found is None:
             found = self._compute(seq_len)
@@ -79,13 +96,12 @@ class Spectrum:
 
     def for_call(self, length: int | None) -> Frequencies | LengthSwitch:
         """For a call whose ``max(positions) + 1`` is ``length`` if known on the host, else None."""
-        if not self.length_dependent:
-            return self.at(None)
+        if self.switch is None:
+            return self.static
         if length is not None:
             return self.at(length)
-        threshold = self.scaling.original_length()
-        return LengthSwitch(threshold, self.base, None if self.scaling.continuous else self.at(threshold + 1))
+        return self.switch
 
     def cacheable(self, freqs: Frequencies) -> bool:
         """Whether tables of ``freqs`` are worth keeping (not for one DynamicNTK length among many)."""
-        return freqs is self.base or not self.scaling.continuous
+        return freqs is self.static or not self.scaling.continuous

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from ._args import check_int
 from ._compat import array_namespace
 
 __all__ = ["LAYOUTS", "Layout", "normalize_layout", "permute_qk_weight", "to_layout"]
@@ -35,13 +36,15 @@ def normalize_layout(layout: str, *, arg: str = "layout") -> Layout:
         raise ValueError(f"{arg}={layout!r} is not a known layout; use one of {accepted}") from None
 
 
-def check_rotary_dim(rotary_dim: int, head_dim: int, *, arg: str = "rotary_dim") -> None:
-    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
-        raise TypeError(f"{arg} must be an int, not {type(rotary_dim).__name__}")
-    if rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(f"{arg}={rotary_dim} must be a positive even number (features rotate in pairs)")
-    if rotary_dim > head_dim:
-        raise ValueError(f"{arg}={rotary_dim} exceeds head_dim={head_dim}; use rotary_dim <= head_dim")
+def check_rotary_dim(rotary_dim: int, head_dim: int, *, arg: str = "rotary_dim") -> int:
+    return check_int(
+        rotary_dim,
+        arg,
+        low=2,
+        high=head_dim,
+        even=True,
+        why=f" (features rotate in pairs, head_dim={head_dim})",
+    )
 
 
 def _permute_last(xp: Any, x: Any, src: Layout, dst: Layout, rotary_dim: int) -> Any:
@@ -90,8 +93,7 @@ def to_layout(x: Any, src: str, dst: str, *, rotary_dim: int | None = None) -> A
     if x.ndim == 0:
         raise ValueError("x must have at least one axis (the features to permute)")
     head_dim = x.shape[-1]
-    rotary_dim = head_dim if rotary_dim is None else rotary_dim
-    check_rotary_dim(rotary_dim, head_dim)
+    rotary_dim = check_rotary_dim(head_dim if rotary_dim is None else rotary_dim, head_dim)
     return _permute_last(xp, x, src_, dst_, rotary_dim)
 
 
@@ -126,8 +128,7 @@ def permute_qk_weight(
     """
     xp = array_namespace(weight=weight)
     src_, dst_ = normalize_layout(src, arg="src"), normalize_layout(dst, arg="dst")
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-        raise ValueError(f"num_heads={num_heads!r} must be a positive int")
+    num_heads = check_int(num_heads, "num_heads", low=1)
     if weight.ndim not in (1, 2):
         raise ValueError(
             f"weight must have shape (num_heads * head_dim, hidden) or (num_heads * head_dim,), "
@@ -140,8 +141,7 @@ def permute_qk_weight(
             "head count of this projection (the key/value heads for k_proj)"
         )
     head_dim = out_features // num_heads
-    rotary_dim = head_dim if rotary_dim is None else rotary_dim
-    check_rotary_dim(rotary_dim, head_dim)
+    rotary_dim = check_rotary_dim(head_dim if rotary_dim is None else rotary_dim, head_dim)
     if weight.ndim == 1:
         heads = xp.reshape(weight, (num_heads, head_dim))
         return xp.reshape(_permute_last(xp, heads, src_, dst_, rotary_dim), (out_features,))

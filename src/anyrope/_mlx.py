@@ -37,6 +37,16 @@ class MLXNamespace:
     def zeros(self, shape: Any, *, dtype: Any = None, device: Any = None) -> Any:  # noqa: ARG002
         return self._mx.zeros(shape, dtype=dtype if dtype is not None else self._mx.float32)
 
+    def full(self, shape: Any, fill_value: Any, *, dtype: Any = None, device: Any = None) -> Any:  # noqa: ARG002
+        return (
+            self._mx.full(shape, fill_value, dtype=dtype)
+            if dtype is not None
+            else self._mx.full(shape, fill_value)
+        )
+
+    def full_like(self, x: Any, /, fill_value: Any, *, dtype: Any = None, device: Any = None) -> Any:  # noqa: ARG002
+        return self._mx.full(x.shape, fill_value, dtype=dtype if dtype is not None else x.dtype)
+
     def astype(self, x: Any, dtype: Any, /, *, copy: bool = True, device: Any = None) -> Any:  # noqa: ARG002
         if not copy and x.dtype == dtype:
             return x

@@ -13,29 +13,31 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ._angles import cos_sin, cos_sin_of_angles
+from ._cache import table_cache
 from ._compat import (
     Environment,
-    array_namespace,
-    compute_dtype,
     device_of,
-    dtype_name,
     environment,
     float64_scope,
     is_array,
     is_library,
     is_traced,
+    library_name,
+    namespace_and_library,
     take_rows,
 )
+from ._dtypes import compute_dtype, dtype_name
 from ._frequencies import Frequencies, LengthSwitch
 from ._layout import Layout
 from ._positions import Offset, PositionSpec, position_spec
 from ._registry import rotate
-from ._rotate import check_input, check_writable, normalize_seq_axis
+from ._rotate import check_head_dim, check_input, check_writable, normalize_seq_axis
+from .scaling import exponents
 
 if TYPE_CHECKING:
     from ._rope import RoPE
 
-__all__ = ["Job", "PositionAngles", "rope_call"]
+__all__ = ["CallPlan", "Job", "PositionAngles", "call_plan", "kernel_key", "rope_call"]
 
 
 class Job:
@@ -59,19 +61,12 @@ class Job:
         traced: bool,
         grad: bool,
         compute: Any,
+        key: tuple[Any, ...] | None = None,
     ) -> None:
         self.xp, self.env, self.x, self.arg, self.seq_axis = xp, env, x, arg, seq_axis
         self.layout, self.inverse, self.out, self.angles = layout, inverse, out, angles
         self.traced, self.grad, self.compute = traced, grad, compute
-        self.key = (
-            env.library,
-            env.device_type,
-            dtype_name(xp, x.dtype),
-            layout,
-            out is not None,
-            traced,
-            grad,
-        )
+        self.key = key if key is not None else kernel_key(env, x.dtype, layout, out is not None, traced, grad)
 
     def tables(self) -> tuple[Any, Any]:
         """Compact (cos, sin), shape (seq, h) or (rows, seq, h), in the compute dtype."""
@@ -80,6 +75,77 @@ class Job:
     def lookup(self) -> tuple[Any, Any, Any] | None:
         """(cos table, sin table, host rows (rows, seq) into them), or None; see PositionAngles."""
         return self.angles.lookup(self.x.shape[self.seq_axis], self.compute)  # type: ignore[no-any-return]
+
+
+def kernel_key(
+    env: Environment, dtype: Any, layout: Layout, inplace: bool, traced: bool, grad: bool
+) -> tuple[Any, ...]:
+    """What the registry chooses a kernel by (see ``Kernel.declares``)."""
+    return (env.library, env.device_type, dtype_name(dtype), layout, inplace, traced, grad)
+
+
+class CallPlan:
+    """What a call's array types, dtypes, ranks, devices and flags decide, checked once: the
+    namespace, the environment, and per array its sequence axis, compute dtype and kernel key.
+    Remembered per signature where computing it is the larger part of a small call (NumPy, torch),
+    never while traced."""
+
+    __slots__ = ("arrays", "device", "env", "xp")
+
+    def __init__(self, xp: Any, env: Environment, device: Any, arrays: tuple[tuple[Any, ...], ...]) -> None:
+        self.xp, self.env, self.device = xp, env, device
+        self.arrays = arrays  # (arg, axis, compute dtype, kernel key) per array
+
+
+_plans: dict[tuple[Any, ...], CallPlan] = {}
+_PLANS_KEPT = 256  # signatures seen by one process are few; a bound keeps a stream of new ones in check
+
+
+def _signature(library: str, x: Any) -> tuple[Any, ...] | None:
+    if library == "numpy":
+        return (x.dtype, x.ndim)
+    if library == "torch":
+        return (x.dtype, x.ndim, x.device, x.layout)
+    return None  # plans for other libraries are made per call
+
+
+def call_plan(
+    xp: Any,
+    arrays: list[tuple[str, Any]],
+    *,
+    seq_axis: int,
+    layout: Layout,
+    inplace: bool,
+    traced: bool,
+    grad: bool,
+) -> CallPlan:
+    """The plan for these arrays, from shapes' ranks, dtypes and devices only."""
+    key = None
+    if not traced:
+        library = library_name(xp)
+        signatures = tuple(_signature(library, x) for _, x in arrays)
+        if None not in signatures:
+            key = (library, *signatures, len(arrays), seq_axis, layout, inplace, grad)
+            found = _plans.get(key)
+            if found is not None:
+                return found
+    for arg, x in arrays:
+        check_input(xp, x, arg=arg)
+    device = device_of(xp, arrays[0][1])
+    if len(arrays) == 2 and is_library(xp, "torch") and arrays[1][1].device != device:
+        raise ValueError(f"q is on {device} but k is on {arrays[1][1].device}; move them to one device")
+    env = environment(xp, device, traced=traced)
+    plans = tuple(
+        (arg, normalize_seq_axis(seq_axis, x.ndim, arg=arg), compute_dtype(xp, x.dtype),
+         kernel_key(env, x.dtype, layout, inplace, traced, grad))
+        for arg, x in arrays
+    )  # fmt: skip
+    plan = CallPlan(xp, env, device, plans)
+    if key is not None:
+        if len(_plans) >= _PLANS_KEPT:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
 
 
 class PositionAngles:
@@ -92,8 +158,9 @@ class PositionAngles:
         self.traced = traced
         self.host = None if traced else spec.host_range(seq)  # over the longest array
         self.seq = seq
-        self.freqs = rope._frequencies_for(None if self.host is None else self.host[1] + 1, traced)
+        self.freqs = rope._frequencies_for(None if self.host is None else self.host[1] + 1)
         self._memo: dict[tuple[int, Any], tuple[Any, Any]] = {}
+        self._lookups: dict[tuple[str, int, Any], tuple[Any, Any, Any] | None] = {}
 
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
         key = (seq, dtype)
@@ -112,21 +179,36 @@ class PositionAngles:
         xp = self.xp
         if math.prod(short_tables[0].shape) == 0:  # no positions: no largest one
             return short_tables
-        length = self.spec.largest(xp, self.env, self.seq, self.device) + 1
+        largest = self.spec.largest(xp, self.env, self.seq, self.device)
         if long is None:  # DynamicNTK: frequencies from the length itself
             work = xp.float64 if self.env.float64 else xp.float32
             with float64_scope(xp) if self.env.float64 else contextlib.nullcontext():
+                length = xp.astype(largest, work) + 1.0  # in floats: + 1 cannot wrap
                 inv_freq = rope._scaling.device_frequencies(
-                    xp, length, rope.rotary_dim, rope.base, dtype=work, device=self.device
+                    xp, length, rope.rotary_dim, rope.base, exponents=self._exponents(work)
                 )
             positions = self.spec.positions(xp, self.env, seq, self.device)
             long_tables = cos_sin_of_angles(xp, self.env, positions, inv_freq, dtype=dtype)
         else:
             long_tables = self._static(long, seq, dtype)
-        is_long = length > threshold
+        is_long = largest >= threshold  # max(positions) + 1 > threshold
         return xp.where(is_long, long_tables[0], short_tables[0]), xp.where(
             is_long, long_tables[1], short_tables[1]
         )
+
+    def _exponents(self, dtype: Any) -> Any:
+        """-2i / rotary_dim per pair on the device, made there once (a copy per call could not be
+        replayed by a CUDA graph)."""
+        xp, rotary_dim = self.xp, self.rope.rotary_dim
+
+        def build() -> tuple[Any, Any]:
+            values = xp.asarray(exponents(rotary_dim), dtype=dtype, device=self.device)
+            return values, values
+
+        if self.traced:
+            return build()[0]
+        key = ("exponents", rotary_dim, dtype, self.env)
+        return table_cache.constant(xp, key, build, nbytes=8 * rotary_dim)[0]
 
     def _static(self, freqs: Frequencies, seq: int, dtype: Any) -> tuple[Any, Any]:
         xp, spec = self.xp, self.spec
@@ -157,14 +239,17 @@ class PositionAngles:
         inside it: the CPU kernels then read each token's row directly, with no gathered copy."""
         if self.traced or isinstance(self.freqs, LengthSwitch):
             return None
+        key = ("lookup", seq, dtype)  # q and k of one length share it
+        if key in self._lookups:
+            return self._lookups[key]
+        found = None
         rows = self.spec.host(seq)
-        if rows is None:
-            return None
-        host = self.spec.host_range(seq)
-        if host is None or host[0] < 0:
-            return None
-        cached = self.rope._prefix(self.xp, self.env, self.freqs, host[1] + 1, dtype, self.device)
-        return None if cached is None else (cached[0], cached[1], rows)
+        host = None if rows is None else self.spec.host_range(seq)
+        if host is not None and host[0] >= 0:
+            cached = self.rope._prefix(self.xp, self.env, self.freqs, host[1] + 1, dtype, self.device)
+            found = None if cached is None else (cached[0], cached[1], rows)
+        self._lookups[key] = found
+        return found
 
 
 def scaled(tables: tuple[Any, Any], scale: float) -> tuple[Any, Any]:
@@ -173,29 +258,29 @@ def scaled(tables: tuple[Any, Any], scale: float) -> tuple[Any, Any]:
 
 def rope_call(rope: RoPE, q: Any, k: Any, positions: Any, offset: Any, seq_axis: int, inplace: bool) -> Any:
     """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=...)``."""
-    named = {"q": q, "k": k}
-    if positions is not None and is_array(positions):
-        named["positions"] = positions
-    if type(offset) is not int and is_array(offset):
-        named["offset"] = offset
-    xp = array_namespace(**named)
     arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
+    given = arrays[1:]
+    if positions is not None and is_array(positions):
+        given.append(("positions", positions))
+    if type(offset) is not int and is_array(offset):
+        given.append(("offset", offset))
+    xp, library = namespace_and_library(arrays[0], *given)
+    traced = library in _TRACEABLE and is_traced(xp, q, *(value for _, value in given))
+    grad = library == "torch" and _grad(xp, arrays)
+    plan = call_plan(
+        xp, arrays, seq_axis=seq_axis, layout=rope.layout, inplace=inplace, traced=traced, grad=grad
+    )
     for arg, x in arrays:
-        check_input(xp, x, arg=arg, head_dim=rope.head_dim)
-    device = device_of(xp, q)
-    if k is not None and is_library(xp, "torch") and k.device != q.device:
-        raise ValueError(f"q is on {q.device} but k is on {k.device}; move them to one device")
-    env = environment(xp, device)
-    traced = any(is_traced(xp, v) for v in named.values() if v is not None)
+        check_head_dim(x, arg, rope.head_dim)
+    env, device = plan.env, plan.device
     spec = position_spec(xp, env, positions, offset, device, traced=traced)
-    axes = [normalize_seq_axis(seq_axis, x.ndim, arg=arg) for arg, x in arrays]
-    for (arg, x), axis in zip(arrays, axes, strict=True):
+    for (_, x), (arg, axis, _, _) in zip(arrays, plan.arrays, strict=True):
         spec.check(x, arg, axis)
     if inplace:
         check_writable(xp, arrays, traced=traced)
-    seq = max(x.shape[axis] for (_, x), axis in zip(arrays, axes, strict=True))
+    axes = [axis for _, axis, _, _ in plan.arrays]
+    seq = q.shape[axes[0]] if k is None else max(q.shape[axes[0]], k.shape[axes[1]])
     angles = PositionAngles(rope, xp, env, spec, device, traced, seq)
-    grad = _grad(xp, arrays)
     out = [
         rotate(
             Job(
@@ -210,12 +295,16 @@ def rope_call(rope: RoPE, q: Any, k: Any, positions: Any, offset: Any, seq_axis:
                 angles,
                 traced,
                 grad,
-                compute_dtype(xp, x.dtype),
+                compute,
+                key,
             )
         )
-        for (arg, x), axis in zip(arrays, axes, strict=True)
+        for (_, x), (arg, axis, compute, key) in zip(arrays, plan.arrays, strict=True)
     ]
     return out[0] if k is None else (out[0], out[1])
+
+
+_TRACEABLE = frozenset({"torch", "jax.numpy"})  # what is_traced can tell apart (MLX cannot: never read)
 
 
 def _grad(xp: Any, arrays: list[tuple[str, Any]]) -> bool:

@@ -9,14 +9,13 @@ multi-axis positions are further subclasses.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from ._compat import Environment, host_array, int_info, is_array, isdtype
+from ._compat import Environment, host_array, is_array
+from ._dtypes import int_info, isdtype
 
-__all__ = ["ArrayOffset", "Offset", "PositionSpec", "Positions", "position_spec"]
+__all__ = ["ArrayOffset", "Given", "Offset", "PositionSpec", "Positions", "position_spec"]
 
 
 class PositionSpec:
@@ -35,8 +34,9 @@ class PositionSpec:
         raise NotImplementedError
 
     def largest(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
-        """The largest position as a 0-d device array (traceable)."""
-        return xp.max(self.positions(xp, env, seq, device))
+        """The largest position as a 0-d device array in the index dtype (traceable); positions
+        past that dtype's range count as its largest value."""
+        return xp.max(_saturated(xp, env, self.positions(xp, env, seq, device)))
 
     def host(self, seq: int) -> Any:
         """The positions as a (rows, seq) int64 NumPy array where they are known on the host, else None."""
@@ -50,11 +50,13 @@ class PositionSpec:
         return int(rows.min()), int(rows.max())
 
 
-@dataclass(frozen=True)
 class Offset(PositionSpec):
     """Positions ``start, start + 1, ...`` for every row, ``start`` a Python int."""
 
-    start: int
+    __slots__ = ("start",)
+
+    def __init__(self, start: int) -> None:
+        self.start = start
 
     def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
         dtype = env.index
@@ -71,81 +73,134 @@ class Offset(PositionSpec):
         return (self.start, self.start + seq - 1) if seq else None
 
 
-@dataclass(frozen=True)
+class Given:
+    """Integers a call was given: an array of the call's library, or Python ints, which become a
+    device array only when one is needed (a CPU kernel reads the host copy directly)."""
+
+    __slots__ = ("_array", "_make", "_range", "known", "shape")
+
+    def __init__(
+        self, array: Any, known: Any, *, make: Any = None, shape: Any = None, span: Any = None
+    ) -> None:
+        self._array, self._make, self.known = array, make, known
+        self.shape = tuple(array.shape) if array is not None else shape
+        self._range: tuple[int, int] | None = span
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def array(self) -> Any:
+        """The integers as a device array of the call's library."""
+        if self._array is None:
+            self._array = self._make()
+        return self._array
+
+    def span(self) -> tuple[int, int] | None:
+        """(smallest, largest) where known on the host and not empty, else None."""
+        if self._range is None and self.known is not None and self.known.size:
+            # NumPy compares uint64 exactly: nothing wraps before the check.
+            self._range = (int(self.known.min()), int(self.known.max()))
+        return self._range
+
+
 class ArrayOffset(PositionSpec):
-    """Positions ``start[b], start[b] + 1, ...``: ``start`` a 0-d array (one offset, perhaps traced)
-    or a (batch,) array (one per row)."""
+    """Positions ``start[b], start[b] + 1, ...``: ``start`` 0-d (one offset, perhaps traced) or
+    (batch,) (one per row)."""
 
-    start: Any
-    known: Any = field(default=None, compare=False)  # the host view, where there is one
+    __slots__ = ("_host", "ndim", "rows", "start")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ndim", 1 if self.start.ndim == 0 else 2)
-        object.__setattr__(self, "rows", 1 if self.start.ndim == 0 else self.start.shape[0])
+    def __init__(self, start: Given) -> None:
+        self.start = start
+        self.ndim = 1 if start.ndim == 0 else 2
+        self.rows = 1 if start.ndim == 0 else start.shape[0]
+        self._host: Any = None
 
     def check(self, x: Any, arg: str, axis: int) -> None:
         if self.start.ndim == 1:
             _check_batch(x, arg, axis, self.start.shape[0], "offset")
 
     def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
-        start = _widened(xp, env, self.start, "offset")
-        steps = xp.arange(seq, dtype=start.dtype, device=device)
-        return start[..., None] + steps if self.start.ndim else start + steps
+        given = self.start.array()
+        start, unsigned = _widened(xp, env, given)
+        steps = xp.arange(seq, dtype=env.index, device=device)
+        positions = start[..., None] + steps if given.ndim else start + steps
+        # Unsigned offsets as wide as the index dtype were added in it, wrapping: cast back, so
+        # the angles read the values as unsigned again (see _angles.index_positions).
+        return xp.astype(positions, given.dtype) if unsigned else positions
 
     def largest(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
-        return xp.max(_widened(xp, env, self.start, "offset")) + (seq - 1)
+        start = xp.max(_saturated(xp, env, self.start.array()))
+        bound = xp.full((), 2 ** (env.index_bits - 1) - seq, dtype=env.index, device=device)
+        return xp.minimum(start, bound) + (seq - 1)  # saturated: adding seq - 1 cannot wrap
 
     def host(self, seq: int) -> Any:
-        if self.known is None:
+        known = self.start.known
+        if known is None:
             return None
-        import numpy as np
+        if self._host is None or self._host.shape[1] != seq:  # asked more than once a call
+            import numpy as np
 
-        return np.reshape(self.known, (-1, 1)).astype(np.int64) + np.arange(seq, dtype=np.int64)
+            starts = np.reshape(known, (-1, 1)).astype(np.int64)
+            self._host = starts if seq == 1 else starts + np.arange(seq, dtype=np.int64)
+        return self._host
+
+    def host_range(self, seq: int) -> tuple[int, int] | None:
+        span = self.start.span()
+        return None if span is None or seq == 0 else (span[0], span[1] + seq - 1)
 
 
-@dataclass(frozen=True)
 class Positions(PositionSpec):
     """Explicit positions, shape (seq,) or (batch, seq) (any shape for :meth:`RoPE.cos_sin`)."""
 
-    values: Any
-    known: Any = field(default=None, compare=False)
+    __slots__ = ("ndim", "rows", "values")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ndim", self.values.ndim)
-        object.__setattr__(self, "rows", self.values.shape[0] if self.values.ndim == 2 else 1)
+    def __init__(self, values: Given) -> None:
+        self.values = values
+        self.ndim = values.ndim
+        self.rows = values.shape[0] if values.ndim == 2 else 1
 
     def check(self, x: Any, arg: str, axis: int) -> None:
-        seq = x.shape[axis]
-        if self.values.shape[-1] != seq:
+        seq, shape = x.shape[axis], self.values.shape
+        if shape[-1] != seq:
             raise ValueError(
-                f"positions has {self.values.shape[-1]} entries per row but {arg} has {seq} "
+                f"positions has {shape[-1]} entries per row but {arg} has {seq} "
                 f"positions along its sequence axis ({axis})"
             )
-        if self.values.ndim == 2:
-            _check_batch(x, arg, axis, self.values.shape[0], "positions")
+        if len(shape) == 2:
+            _check_batch(x, arg, axis, shape[0], "positions")
 
     def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
-        return self.values
+        return self.values.array()
 
     def host(self, seq: int) -> Any:
-        if self.known is None:
+        known = self.values.known
+        if known is None:
             return None
-        return self.known.reshape(-1, seq) if self.known.ndim <= 2 and seq else None
+        return known.reshape(-1, seq) if known.ndim <= 2 and seq else None
 
     def host_range(self, seq: int) -> tuple[int, int] | None:
-        if self.known is None or self.known.size == 0:
-            return None
-        return int(self.known.min()), int(self.known.max())  # NumPy compares uint64 exactly
+        return self.values.span()
 
 
-def _widened(xp: Any, env: Environment, start: Any, arg: str) -> Any:
-    """Offsets in a dtype that holds ``start + seq``: narrow integers widen to the index dtype."""
+def _widened(xp: Any, env: Environment, start: Any) -> tuple[Any, bool]:
+    """Offsets in the index dtype, where ``start + seq`` is formed, and whether they are unsigned
+    as wide as it (cast with wrap-around; torch has no arithmetic on its wide unsigned types)."""
+    if start.dtype == env.index:
+        return start, False
     bits, signed = int_info(xp, start.dtype)
-    if bits < env.index_bits:
-        return xp.astype(start, env.index)
-    if not signed and env.library == "torch":  # torch has no arithmetic on uint32 and wider
-        raise TypeError(f"{arg} of dtype {start.dtype}: torch cannot add to it; pass int64 offsets")
-    return start
+    return xp.astype(start, env.index), not signed and bits >= env.index_bits
+
+
+def _saturated(xp: Any, env: Environment, values: Any) -> Any:
+    """Integer values in the index dtype for comparisons; unsigned values past its range (which
+    wrap when cast) become its largest value."""
+    from ._angles import index_positions
+
+    signed, wrapped = index_positions(xp, env, values)
+    if wrapped is None:
+        return signed
+    return xp.where(wrapped, xp.full_like(signed, 2 ** (env.index_bits - 1) - 1), signed)
 
 
 def _check_batch(x: Any, arg: str, axis: int, batch: int, source: str) -> None:
@@ -178,11 +233,11 @@ def position_spec(
     if positions is not None:
         if not (type(offset) is int and offset == 0):
             raise ValueError("pass positions or offset, not both (positions already say where each token is)")
-        values, known = _index_array(xp, env, positions, device, "positions", traced)
+        values = _given(xp, env, positions, device, "positions", traced)
         if ndims is not None and values.ndim not in ndims:
             wanted = " or ".join(f"{n}-d" for n in ndims)
-            raise ValueError(f"positions must be {wanted}, got shape {tuple(values.shape)}")
-        return Positions(values, known)
+            raise ValueError(f"positions must be {wanted}, got shape {values.shape}")
+        return Positions(values)
     if type(offset) is int:  # the common case, first (a SymInt while dynamo traces)
         return Offset(offset if traced else _fits(offset, env, "offset"))
     if not is_array(offset) and not (isinstance(offset, Sequence) and not isinstance(offset, (str, bytes))):
@@ -192,12 +247,12 @@ def position_spec(
                 f"not {type(offset).__name__}"
             )
         return Offset(_fits(int(offset), env, "offset"))
-    values, known = _index_array(xp, env, offset, device, "offset", traced)
+    values = _given(xp, env, offset, device, "offset", traced)
     if values.ndim > 1:
         raise ValueError(
-            f"offset must be one int, or 1-d with one int per batch row; got shape {tuple(values.shape)}"
+            f"offset must be one int, or 1-d with one int per batch row; got shape {values.shape}"
         )
-    return ArrayOffset(values, known)
+    return ArrayOffset(values)
 
 
 def _fits(value: int, env: Environment, arg: str) -> int:
@@ -209,30 +264,36 @@ def _fits(value: int, env: Environment, arg: str) -> int:
     return value
 
 
-def _index_array(
-    xp: Any, env: Environment, value: Any, device: Any, arg: str, traced: bool
-) -> tuple[Any, Any]:
-    """``value`` (an integer array, or nested Python ints) as a device array, and its host view or None."""
+def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced: bool) -> Given:
+    """``value`` (an integer array, or nested Python ints) checked, with its host view where there is one."""
     if is_array(value):
         if not isdtype(xp, value.dtype, "integral"):
             raise TypeError(
                 f"{arg} must be an integer array, got dtype {value.dtype}; positions count tokens, "
                 "so cast them to an integer dtype (fractional positions come from scaling=, not from here)"
             )
-        host = host_array(xp, value)
-        return value, host
+        return Given(value, host_array(xp, value, traced))
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{arg} must be an integer array or a sequence of ints, not {type(value).__name__}")
-    if _has_non_int(value):
-        raise TypeError(f"{arg} must hold integers, got {value!r}")
-    if len({len(row) if isinstance(row, Sequence) else -1 for row in value}) > 1:
-        raise ValueError(f"{arg} must be rectangular: every row needs the same length")
-    if not traced:
-        flat = list(_flatten(value))
-        for number in (min(flat), max(flat)) if flat else ():
-            _fits(int(number), env, arg)
-    array = xp.asarray(value, dtype=env.index, device=device)
-    return array, None if traced else _numpy_of(value)
+    if not traced and all(type(v) is int for v in value):  # one int per row: the common case, quickly
+        flat: list[Any] = list(value)
+    else:
+        if _has_non_int(value):
+            raise TypeError(f"{arg} must hold integers, got {value!r}")
+        if len({len(row) if isinstance(row, Sequence) else -1 for row in value}) > 1:
+            raise ValueError(f"{arg} must be rectangular: every row needs the same length")
+        flat = [] if traced else [int(v) for v in _flatten(value)]
+    span = (min(flat), max(flat)) if flat else None
+    for number in span or ():
+        _fits(number, env, arg)
+
+    def make() -> Any:
+        return xp.asarray(value, dtype=env.index, device=device)
+
+    known = None if traced else _numpy_of(value)
+    if known is None:  # while tracing (or without NumPy) there is no host copy: the array now
+        return Given(make(), None)
+    return Given(None, known, make=make, shape=known.shape, span=span)
 
 
 def _numpy_of(value: Any) -> Any:
@@ -257,7 +318,3 @@ def _has_non_int(value: Any) -> bool:
     if isinstance(value, bool):
         return True
     return not isinstance(value, int) and not hasattr(value, "__index__")  # int first: SymInts too
-
-
-def count(shape: Sequence[int]) -> int:
-    return math.prod(shape)

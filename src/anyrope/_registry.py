@@ -141,10 +141,11 @@ def fast_paths_enabled() -> bool | str:
 _candidates: dict[tuple[Any, ...], tuple[Kernel, ...]] = {}
 
 
-def candidates(key: tuple[Any, ...], switch: bool | str) -> tuple[Kernel, ...]:
+def candidates(key: tuple[Any, ...], switch: bool | str, *, traced: bool = False) -> tuple[Kernel, ...]:
     """The kernels whose declarations cover ``key``, in order; remembered per key (a pure function
-    of it), which keeps selection to one dict lookup on the decode path."""
-    found = _candidates.get((key, switch))
+    of it), which keeps selection to one dict lookup on the decode path, except while traced
+    (nothing traced reads a memo: see ``_compat.torch_compiling``)."""
+    found = None if traced else _candidates.get((key, switch))
     if found is None:
         every = kernels()
         if switch is False:
@@ -152,14 +153,15 @@ def candidates(key: tuple[Any, ...], switch: bool | str) -> tuple[Kernel, ...]:
         elif isinstance(switch, str):
             every = tuple(k for k in every if k.name == switch)
         found = tuple(k for k in every if k.declares(key) is None)
-        _candidates[(key, switch)] = found
+        if not traced:
+            _candidates[(key, switch)] = found
     return found
 
 
 def rotate(job: Job) -> Any:
     """Run the first kernel that takes ``job``."""
     switch = _current(job.traced)
-    for kernel in candidates(job.key, switch):
+    for kernel in candidates(job.key, switch, traced=job.traced):
         result = kernel.run(job)
         if result is not None:
             return result

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._compat import array_namespace, compute_dtype, device_of, environment, is_array, is_traced
+from ._compat import array_namespace, device_of, environment, is_array, is_traced
+from ._dtypes import compute_dtype
 from ._plan import Job, PositionAngles, _grad
 from ._positions import position_spec
 from ._registry import rotate
@@ -83,8 +84,8 @@ def rerotate(
     check_input(xp, k, arg="k", head_dim=old.head_dim)
     axis = normalize_seq_axis(seq_axis, k.ndim, arg="k")
     device = device_of(xp, k)
-    env = environment(xp, device)
-    traced = any(is_traced(xp, v) for v in named.values())
+    traced = is_traced(xp, *named.values())
+    env = environment(xp, device, traced=traced)
     spec = position_spec(xp, env, positions, offset, device, traced=traced)
     spec.check(k, "k", axis)
     seq, compute = k.shape[axis], compute_dtype(xp, k.dtype)

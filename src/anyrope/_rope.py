@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from ._args import check_int
+from ._args import check_int, check_positive
 from ._cache import table_cache, untracked
-from ._compat import (
-    Environment,
-    array_namespace,
-    compute_dtype,
-    device_of,
-    environment,
-    is_array,
-    is_traced,
-    isdtype,
-    library_name,
-    materialize,
-)
+from ._compat import Environment, array_namespace, device_of, environment, is_array, is_traced, materialize
+from ._dtypes import compute_dtype, isdtype
 from ._frequencies import Frequencies, LengthSwitch, Spectrum
 from ._layout import Layout, check_rotary_dim, normalize_layout
+from ._plan import rope_call
 from ._positions import Offset, position_spec
 from .scaling import Scaling
 
@@ -75,15 +65,8 @@ class RoPE:
         max_position: int | None = None,
     ) -> None:
         head_dim = check_int(head_dim, "head_dim", low=1, even=True, why=" (features rotate in pairs)")
-        rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        check_rotary_dim(rotary_dim, head_dim)
-        if (
-            isinstance(base, bool)
-            or not isinstance(base, (int, float))
-            or not math.isfinite(base)
-            or base <= 0
-        ):
-            raise ValueError(f"base={base!r} must be a positive finite number (10000.0 in most models)")
+        rotary_dim = check_rotary_dim(head_dim if rotary_dim is None else rotary_dim, head_dim)
+        base = check_positive(base, "base", why=" (10000.0 in most models)")
         if max_position is not None:
             max_position = check_int(max_position, "max_position", low=1, why=" or None")
         if scaling is not None and not isinstance(scaling, Scaling):
@@ -203,7 +186,7 @@ class RoPE:
         fixed._spectrum = Spectrum(self._scaling, self._rotary_dim, self._base, self._max_position, seq_len)
         return fixed
 
-    def _frequencies_for(self, length: int | None, traced: bool) -> Frequencies | LengthSwitch:  # noqa: ARG002
+    def _frequencies_for(self, length: int | None) -> Frequencies | LengthSwitch:
         return self._spectrum.for_call(length)
 
     def __repr__(self) -> str:
@@ -231,8 +214,8 @@ class RoPE:
         if not isdtype(xp, like.dtype, "real floating"):
             raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
         device = device_of(xp, like)
-        env = environment(xp, device)
-        traced = is_traced(xp, like) or (is_array(positions) and is_traced(xp, positions))
+        traced = is_traced(xp, like, positions if is_array(positions) else None)
+        env = environment(xp, device, traced=traced)
         spec = position_spec(xp, env, positions, 0, device, ndims=None, traced=traced)
         angles = PositionAngles(self, xp, env, spec, device, traced, 0)  # explicit positions: no seq
         cos, sin = angles.tables(0, compute_dtype(xp, like.dtype))
@@ -244,6 +227,10 @@ class RoPE:
         """Cached tables for positions 0 .. length - 1 or more, or None where none are kept."""
         if not self._spectrum.cacheable(freqs):
             return None  # DynamicNTK past the original length: new frequencies at every length
+        key = (freqs, env, dtype)  # env: one object per library and device
+        found = table_cache.covering(key, length)
+        if found is not None:
+            return found
 
         def build(n: int) -> tuple[Any, Any]:
             from ._angles import cos_sin
@@ -258,7 +245,6 @@ class RoPE:
             return cos, sin
 
         row_bytes = self._rotary_dim * (8 if dtype == getattr(xp, "float64", None) else 4)
-        key = (freqs, library_name(xp), env.device_type, _hashable(device), _hashable(dtype))
         return table_cache.prefix(key, length, build, row_bytes=row_bytes, hint=self._max_position or 0)
 
     def __call__(
@@ -304,14 +290,4 @@ class RoPE:
         ``DynamicNTK`` and ``LongRoPE`` pick their frequencies there. Positions known on the host
         (Python ints, NumPy arrays, CPU tensors) also select cached tables and CPU kernels.
         """
-        from ._plan import rope_call
-
         return rope_call(self, q, k, positions, offset, seq_axis, inplace)
-
-
-def _hashable(value: Any) -> Any:
-    try:
-        hash(value)
-    except TypeError:
-        return str(value)
-    return value

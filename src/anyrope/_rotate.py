@@ -11,30 +11,29 @@ from typing import Any
 from ._args import check_int
 from ._compat import (
     array_namespace,
-    compute_dtype,
     device_of,
     environment,
-    float_bits,
     is_library,
     is_mlx_namespace,
     is_traced,
     is_writeable,
-    isdtype,
     library_name,
 )
+from ._dtypes import compute_dtype, input_kind, isdtype
 from ._layout import Layout, normalize_layout
 
-__all__ = ["apply", "check_input", "check_writable", "normalize_seq_axis", "rotate_generic"]
+__all__ = ["apply", "check_head_dim", "check_input", "check_writable", "normalize_seq_axis", "rotate_generic"]
 
 
 def check_input(xp: Any, x: Any, *, arg: str, head_dim: int | None = None) -> None:
     """x must be a dense floating array of at most 64-bit floats with at least (seq, head_dim) axes."""
-    if not isdtype(xp, x.dtype, "real floating"):
+    floating, bits = input_kind(xp, x.dtype)
+    if not floating:
         raise TypeError(
             f"{arg} must be a real floating-point array (float16, bfloat16, float32 or float64), "
             f"got dtype {x.dtype}; cast it first, e.g. with astype"
         )
-    if float_bits(xp, x.dtype) > 64:
+    if bits > 64:
         raise TypeError(
             f"{arg} has dtype {x.dtype} (extended precision); anyrope rotates in float64 at most, "
             f"so cast {arg} to float64 first rather than lose precision silently"
@@ -47,7 +46,12 @@ def check_input(xp: Any, x: Any, *, arg: str, head_dim: int | None = None) -> No
         raise ValueError(
             f"{arg} must have at least two axes (..., seq, head_dim), got shape {tuple(x.shape)}"
         )
-    if head_dim is not None and x.shape[-1] != head_dim:
+    if head_dim is not None:
+        check_head_dim(x, arg, head_dim)
+
+
+def check_head_dim(x: Any, arg: str, head_dim: int) -> None:
+    if x.shape[-1] != head_dim:
         raise ValueError(
             f"{arg}.shape[-1]={x.shape[-1]} does not match head_dim={head_dim}; the last axis must "
             "hold one head's features (reshape (..., hidden) to (..., heads, head_dim) first)"
@@ -273,9 +277,9 @@ def apply(
     work = compute_dtype(xp, x.dtype)
     cos, sin = xp.astype(cos, work, copy=False), xp.astype(sin, work, copy=False)
     device = device_of(xp, x)
-    traced = any(is_traced(xp, a) for a in (x, cos, sin))
+    traced = is_traced(xp, x, cos, sin)
     job = Job(
-        xp, environment(xp, device), x, "x", axis, normalize_layout(layout), bool(inverse), out,
+        xp, environment(xp, device, traced=traced), x, "x", axis, normalize_layout(layout), bool(inverse), out,
         GivenTables(cos, sin), traced, _needs_grad(xp, x, cos, sin), work,
     )  # fmt: skip
     return rotate(job)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ._angles import cos_sin
-from ._args import check_int
-from ._compat import array_namespace, compute_dtype, device_of, environment, is_traced, isdtype
+from ._args import check_int, check_positive
+from ._compat import array_namespace, device_of, environment, is_traced
+from ._dtypes import compute_dtype, isdtype
 from ._positions import position_spec
 from .scaling import plain_frequencies
 
@@ -42,14 +43,13 @@ def sinusoidal(positions: Any, dim: int, *, base: float = 10000.0, dtype: Any = 
     """
     xp = array_namespace(positions=positions)
     dim = check_int(dim, "dim", low=1, even=True, why=" (sin and cos fill pairs)")
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
-        raise ValueError(f"base={base!r} must be positive")
+    base = check_positive(base, "base")
     dtype = xp.float32 if dtype is None else dtype
     if not isdtype(xp, dtype, "real floating"):
         raise TypeError(f"dtype must be a real floating dtype, got {dtype}")
     device = device_of(xp, positions)
-    env = environment(xp, device)
     traced = is_traced(xp, positions)
+    env = environment(xp, device, traced=traced)
     spec = position_spec(xp, env, positions, 0, device, ndims=None, traced=traced)
     values = spec.positions(xp, env, 0, device)
     frequencies = plain_frequencies(dim, float(base))

@@ -47,6 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
+from ._args import check_int
 from ._layout import normalize_layout
 
 __all__ = [
@@ -147,8 +148,7 @@ def rotations(frequencies: Frequencies, context: int) -> list[float]:
     >>> [round(r, 2) for r in rotations(anyrope.RoPE(8), 4096)]
     [651.9, 65.19, 6.52, 0.65]
     """
-    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
-        raise ValueError(f"context={context!r} must be a non-negative int")
+    context = check_int(context, "context", low=0)
     return [context * t / math.tau for t in _thetas(frequencies)]
 
 
@@ -414,17 +414,15 @@ def check_requirements(
     >>> result.decay[0], result.decays, result.wraps_at
     (16.5, True, 4)
     """
-    for name, value, low in (("max_distance", max_distance, 1), ("samples", samples, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}={value!r} must be an int >= {low}")
+    max_distance = check_int(max_distance, "max_distance", low=1)
+    samples = check_int(samples, "samples", low=1)
     thetas = _thetas(rope)
     if not thetas:
         raise ValueError("rope has no rotated pairs (inv_freq is empty)")
     half = len(thetas)
     rotary_dim = 2 * half
     head_dim = getattr(rope, "head_dim", rotary_dim)
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < rotary_dim:
-        raise ValueError(f"head_dim={head_dim!r} must be an int >= 2 * len(inv_freq) = {rotary_dim}")
+    head_dim = check_int(head_dim, "head_dim", low=rotary_dim, why=" (2 * len(inv_freq))")
     layout = normalize_layout(getattr(rope, "layout", "half"))
     scale = float(getattr(rope, "attention_scaling", 1.0))
     if layout == "half":

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ._args import check_int, check_positive
+
 __all__ = [
     "DynamicNTK",
     "Linear",
@@ -38,23 +40,6 @@ def plain_frequencies(rotary_dim: int, base: float) -> tuple[float, ...]:
     """theta_i = base ** (-2i / rotary_dim) for each of the rotary_dim / 2 pairs: the one place
     the inverse-frequency formula is written."""
     return tuple(base**e for e in exponents(rotary_dim))
-
-
-def _positive(name: str, value: float, *, at_least: float | None = None) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name}={value!r} must be a positive finite number")
-    if at_least is not None and value < at_least:
-        raise ValueError(f"{name}={value!r} must be at least {at_least}")
-
-
-def _length(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive int (a number of positions)")
 
 
 @dataclass(frozen=True)
@@ -95,10 +80,10 @@ class Scaling:
         raise TypeError(f"{type(self).__name__} does not depend on the sequence length")
 
     def device_frequencies(
-        self, xp: Any, length: Any, rotary_dim: int, base: float, *, dtype: Any, device: Any
+        self, xp: Any, length: Any, rotary_dim: int, base: float, *, exponents: Any
     ) -> Any:
         """For methods whose frequencies change at every length (``continuous``): the frequencies
-        for ``length``, a 0-d integer device array, computed on its device."""
+        for ``length`` (``max(positions) + 1``, a 0-d floating device array), computed there."""
         raise TypeError(f"{type(self).__name__} has no frequencies that change at every length")
 
 
@@ -110,7 +95,7 @@ class Linear(Scaling):
     hf_type: ClassVar[str | None] = "linear"
 
     def __post_init__(self) -> None:
-        _positive("factor", self.factor)
+        check_positive(self.factor, "factor")
 
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None
@@ -132,7 +117,7 @@ class NTKAware(Scaling):
     hf_type: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
-        _positive("factor", self.factor)
+        check_positive(self.factor, "factor")
 
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None
@@ -161,10 +146,10 @@ class DynamicNTK(Scaling):
     continuous: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        _positive("factor", self.factor)
-        _length("original_max_position", self.original_max_position)
+        check_positive(self.factor, "factor")
+        check_int(self.original_max_position, "original_max_position", low=1, why=" (a number of positions)")
         if self.alpha is not None:
-            _positive("alpha", self.alpha)
+            check_positive(self.alpha, "alpha")
 
     def original_length(self) -> int:
         return self.original_max_position
@@ -185,15 +170,15 @@ class DynamicNTK(Scaling):
         return plain_frequencies(rotary_dim, float(self._base_at(base, length, rotary_dim))), 1.0
 
     def device_frequencies(
-        self, xp: Any, length: Any, rotary_dim: int, base: float, *, dtype: Any, device: Any
+        self, xp: Any, length: Any, rotary_dim: int, base: float, *, exponents: Any
     ) -> Any:
-        """The frequencies for ``length`` (a 0-d integer device array, ``max(positions) + 1``), on
-        its device in ``dtype``: the same formula, for calls whose length is not known on the host."""
+        """The frequencies for ``length`` (``max(positions) + 1``, a 0-d floating device array)
+        given :func:`exponents` as a device array of that dtype: the same formula, on the device,
+        for calls whose length is not known on the host."""
         original = self.original_max_position
-        longer = xp.astype(length, dtype) - original
-        longest = original + longer * xp.astype(longer > 0, dtype)  # max(length, original), exactly
-        grown = self._base_at(base, longest, rotary_dim)
-        return grown ** xp.asarray(exponents(rotary_dim), dtype=dtype, device=device)
+        longer = length - original
+        longest = original + longer * xp.astype(longer > 0, length.dtype)  # max(length, original), exactly
+        return self._base_at(base, longest, rotary_dim) ** exponents
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -224,12 +209,12 @@ class YaRN(Scaling):
     hf_type: ClassVar[str | None] = "yarn"
 
     def __post_init__(self) -> None:
-        _positive("factor", self.factor)
-        _length("original_max_position", self.original_max_position)
-        _positive("beta_fast", self.beta_fast)
-        _positive("beta_slow", self.beta_slow)
+        check_positive(self.factor, "factor")
+        check_int(self.original_max_position, "original_max_position", low=1, why=" (a number of positions)")
+        check_positive(self.beta_fast, "beta_fast")
+        check_positive(self.beta_slow, "beta_slow")
         if self.attention_factor is not None:
-            _positive("attention_factor", self.attention_factor)
+            check_positive(self.attention_factor, "attention_factor")
 
     def attention(self) -> float:
         if self.attention_factor is not None:
@@ -279,10 +264,10 @@ class Llama3(Scaling):
     hf_type: ClassVar[str | None] = "llama3"
 
     def __post_init__(self) -> None:
-        _positive("factor", self.factor)
-        _positive("low_freq_factor", self.low_freq_factor)
-        _positive("high_freq_factor", self.high_freq_factor)
-        _length("original_max_position", self.original_max_position)
+        check_positive(self.factor, "factor")
+        check_positive(self.low_freq_factor, "low_freq_factor")
+        check_positive(self.high_freq_factor, "high_freq_factor")
+        check_int(self.original_max_position, "original_max_position", low=1, why=" (a number of positions)")
         if self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(
                 f"high_freq_factor={self.high_freq_factor} must exceed low_freq_factor={self.low_freq_factor}"
@@ -331,9 +316,9 @@ class LongRoPE(Scaling):
         for name in ("short_factor", "long_factor"):
             if any(not f > 0 or not math.isfinite(f) for f in getattr(self, name)):
                 raise ValueError(f"{name} must hold positive finite numbers")
-        _length("original_max_position", self.original_max_position)
+        check_int(self.original_max_position, "original_max_position", low=1, why=" (a number of positions)")
         if self.factor is not None:
-            _positive("factor", self.factor)
+            check_positive(self.factor, "factor")
 
     def original_length(self) -> int:
         return self.original_max_position
@@ -380,7 +365,7 @@ class Proportional(Scaling):
     def __post_init__(self) -> None:
         if not 0 <= self.fraction <= 1:
             raise ValueError(f"fraction={self.fraction!r} must lie in [0, 1]")
-        _positive("factor", self.factor)
+        check_positive(self.factor, "factor")
 
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None
@@ -408,7 +393,7 @@ class MaxLengthAware(Scaling):
     hf_type: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
-        _length("max_position", self.max_position)
+        check_int(self.max_position, "max_position", low=1, why=" (a number of positions)")
 
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None

@@ -16,6 +16,7 @@ new key in every process, and be compiled again each time).
 from __future__ import annotations
 
 import platform
+import types as types_module
 from collections.abc import Callable
 from typing import Any
 
@@ -133,11 +134,11 @@ def rotations(storage: int) -> dict[str, Callable[..., None]]:
     """The two layouts' kernels for one storage code (compiled, or loaded from numba's cache, on
     first call): ``kernel(x, cos, sin, positions, out, copy_tail, sign)`` with (length, pairs)
     tables and (1 or batch, seq) positions; ``sign`` -1.0 turns the other way (sin negated,
-    exactly)."""
+    exactly). Each comes parallel (its name) and on one thread ("<name>-serial"): waking a thread
+    pool costs more than a small call, and waits for a busy core."""
 
     # Both read the cached tables directly at each token's position: no per-call tables are
     # gathered, which is most of the cost of a decode step.
-    @numba.njit(parallel=True, cache=True, nogil=True)
     def half(
         x: Any, cos: Any, sin: Any, pos: Any, out: Any, copy_tail: bool, sign: float
     ) -> None:  # pragma: no cover
@@ -161,7 +162,6 @@ def rotations(storage: int) -> dict[str, Callable[..., None]]:
                     for j in range(2 * pairs, width):
                         out[b, a, s, t, j] = x[b, a, s, t, j]
 
-    @numba.njit(parallel=True, cache=True, nogil=True)
     def interleaved(
         x: Any, cos: Any, sin: Any, pos: Any, out: Any, copy_tail: bool, sign: float
     ) -> None:  # pragma: no cover
@@ -185,4 +185,18 @@ def rotations(storage: int) -> dict[str, Callable[..., None]]:
                     for j in range(2 * pairs, width):
                         out[b, a, s, t, j] = x[b, a, s, t, j]
 
-    return {"half": half, "interleaved": interleaved}
+    kernels: dict[str, Callable[..., None]] = {}
+    for fn in (half, interleaved):
+        kernels[fn.__name__] = numba.njit(parallel=True, cache=True, nogil=True)(fn)
+        kernels[f"{fn.__name__}-serial"] = numba.njit(cache=True, nogil=True)(_renamed(fn, "serial"))
+    return kernels
+
+
+def _renamed(fn: Callable[..., None], suffix: str) -> Callable[..., None]:
+    """A copy of ``fn`` under another name: numba names its cache files after a function, and its
+    index does not tell a parallel compilation from a serial one."""
+    copy = types_module.FunctionType(
+        fn.__code__, fn.__globals__, f"{fn.__name__}_{suffix}", None, fn.__closure__
+    )
+    copy.__qualname__ = f"{fn.__qualname__}_{suffix}"
+    return copy

@@ -11,6 +11,8 @@ rounded once, bit for bit as the generic path.
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _numba
@@ -42,10 +44,11 @@ def _is_numpy(x: Any) -> bool:
 def host_view(x: Any) -> Any:
     """A NumPy array or CPU tensor as a NumPy array sharing its memory; 16-bit floats as int16 bits."""
     if _is_numpy(x):
-        return x.view("int16") if x.dtype == "float16" else x
+        return x.view(_int16()) if x.dtype.itemsize == 2 else x  # float16: NumPy's only 16-bit float
     import torch
 
-    x = x.detach()
+    if x.requires_grad:
+        x = x.detach()
     return x.view(torch.int16).numpy() if x.dtype in (torch.float16, torch.bfloat16) else x.numpy()
 
 
@@ -71,9 +74,10 @@ def run(job: Job) -> Any:
         return None  # decline before writing: the generic kernel writes through any strides
     if job.grad and (getattr(cos, "requires_grad", False) or getattr(sin, "requires_grad", False)):
         return None  # gradients for the tables themselves: the generic kernel has them
+    kind = storage(job.key[2])
     if job.grad:
-        return _autograd().apply(x, cos, sin, rows, job.layout, job.inverse, job.seq_axis)
-    return _rotate(x, cos, sin, rows, out, job.layout, job.inverse, job.seq_axis)
+        return _autograd().apply(x, cos, sin, rows, kind, job.layout, job.inverse, job.seq_axis)
+    return _rotate(x, cos, sin, rows, out, kind, job.layout, job.inverse, job.seq_axis)
 
 
 def _contiguous(a: Any) -> bool:
@@ -81,33 +85,89 @@ def _contiguous(a: Any) -> bool:
 
 
 def _rotate(
-    x: Any, cos: Any, sin: Any, rows: Any, out: Any, layout: str, inverse: bool, seq_axis: int
+    x: Any, cos: Any, sin: Any, rows: Any, out: Any, kind: str, layout: str, inverse: bool, seq_axis: int
 ) -> Any:
     import numpy as np
 
-    name = str(x.dtype).removeprefix("torch.")
-    numpy_x = _is_numpy(x)
-    shape5 = canonical(tuple(x.shape), seq_axis, rows.shape[0] > 1)
-    if out is None:
-        out = np.empty(x.shape, dtype=x.dtype) if numpy_x else _torch_empty(x)
+    table_cos, table_sin = _table_view(cos), _table_view(sin)
+    key = (x.shape, seq_axis, rows.shape[0] > 1, table_sin.dtype, kind, layout, inverse)
+    launch = _launches.get(key)
+    if launch is None:
+        launch = _launch(key)
+    shape5, kernel, sign = launch
     source = np.ascontiguousarray(host_view(x)).reshape(shape5)
-    target = host_view(out).reshape(shape5)
-    table_cos = np.ascontiguousarray(host_view(cos))
-    table_sin = np.ascontiguousarray(host_view(sin))
-    sign = table_sin.dtype.type(-1.0 if inverse else 1.0)
-    separate = not np.shares_memory(source, target)
-    _numba.kernel(layout, storage(name))(source, table_cos, table_sin, rows, target, separate, sign)
+    if out is None:  # a fresh NumPy buffer (wrapped for torch: a third of new_empty's cost)
+        buffer = np.empty(x.shape, dtype=source.dtype)
+        target, separate, out = buffer.reshape(shape5), True, _wrap(x, buffer)
+    else:
+        target = host_view(out).reshape(shape5)
+        separate = not np.shares_memory(source, target)
+    kernel(source, table_cos, table_sin, rows, target, separate, sign)
     return out
 
 
-def _torch_empty(x: Any) -> Any:
-    """A torch tensor over a NumPy buffer: a third of ``new_empty``'s cost on a decode step."""
+# What a call's shape, layout and dtypes decide, kept per key: the five-axis shape, the compiled
+# kernel (parallel or not by size) and the sign of sin in the tables' type. Working it out costs a
+# small call as much as its rotation.
+_launches: dict[tuple[Any, ...], tuple[tuple[int, ...], Any, Any]] = {}
+
+
+def _launch(key: tuple[Any, ...]) -> tuple[tuple[int, ...], Any, Any]:
+    shape, seq_axis, batched, table_dtype, kind, layout, inverse = key
+    shape5 = canonical(tuple(shape), seq_axis, batched)
+    name = layout if math.prod(shape5) >= _PARALLEL_FROM else f"{layout}-serial"
+    sign = table_dtype.type(-1.0 if inverse else 1.0)  # the kernel multiplies in the tables' type
+    if len(_launches) >= 256:  # prefill lengths vary: keep the memo bounded
+        _launches.clear()
+    launch = _launches[key] = (shape5, _numba.kernel(name, kind), sign)
+    return launch
+
+
+def _int16() -> Any:
     import numpy as np
+
+    return np.int16
+
+
+def _wrap(x: Any, buffer: Any) -> Any:
+    """The kernel's output buffer as x's kind of array, shape and dtype."""
+    if _is_numpy(x):
+        return buffer if buffer.dtype == x.dtype else buffer.view(x.dtype)
     import torch
 
-    if x.dtype in (torch.float16, torch.bfloat16):
-        return torch.from_numpy(np.empty(x.shape, dtype=np.int16)).view(x.dtype)
-    return torch.from_numpy(np.empty(x.shape, dtype=str(x.dtype).removeprefix("torch.")))
+    wrapped = torch.from_numpy(buffer)
+    return wrapped if wrapped.dtype == x.dtype else wrapped.view(x.dtype)
+
+
+# Below this many elements one thread is faster than waking the pool (measured in nox -s bench:
+# 1x8x16x64 takes 5 us on one thread, and a parallel launch costs 10 to 20 us with a busy core).
+_PARALLEL_FROM = 1 << 16
+
+# Views of torch tables by identity (tensors compare elementwise), dropped with their tensor.
+_views: dict[int, tuple[weakref.ref[Any], Any]] = {}
+
+
+def _table_view(table: Any) -> Any:
+    """A table as a contiguous NumPy array; for a cached torch table, made once and remembered."""
+    import numpy as np
+
+    if _is_numpy(table):
+        return np.ascontiguousarray(table)
+    key = id(table)
+    found = _views.get(key)
+    if found is not None and found[0]() is table:
+        return found[1]
+    view = np.ascontiguousarray(host_view(table))
+    if not table.requires_grad:
+        _views[key] = (weakref.ref(table, _forget(key)), view)
+    return view
+
+
+def _forget(key: int) -> Callable[[Any], None]:
+    def forget(_: Any) -> None:
+        _views.pop(key, None)
+
+    return forget
 
 
 _Function: Any = None
@@ -121,19 +181,35 @@ def _autograd() -> Any:
         class Rotate(torch.autograd.Function):
             @staticmethod
             def forward(
-                ctx: Any, x: Any, cos: Any, sin: Any, rows: Any, layout: str, inverse: bool, seq_axis: int
+                ctx: Any,
+                x: Any,
+                cos: Any,
+                sin: Any,
+                rows: Any,
+                kind: str,
+                layout: str,
+                inverse: bool,
+                seq_axis: int,
             ) -> Any:
                 ctx.save_for_backward(cos, sin)
-                ctx.rows, ctx.layout, ctx.inverse, ctx.seq_axis = rows, layout, inverse, seq_axis
-                return _rotate(x.contiguous(), cos, sin, rows, None, layout, inverse, seq_axis)
+                ctx.rows, ctx.kind, ctx.layout, ctx.inverse, ctx.seq_axis = (
+                    rows,
+                    kind,
+                    layout,
+                    inverse,
+                    seq_axis,
+                )
+                return _rotate(x.contiguous(), cos, sin, rows, None, kind, layout, inverse, seq_axis)
 
             @staticmethod
             def backward(ctx: Any, grad: Any) -> Any:
                 cos, sin = ctx.saved_tensors
                 # Linear in x: the vector-Jacobian product is the inverse rotation of grad.
                 again: Any = Rotate.apply  # untyped in torch's stubs
-                back = again(grad.contiguous(), cos, sin, ctx.rows, ctx.layout, not ctx.inverse, ctx.seq_axis)
-                return back, None, None, None, None, None, None
+                back = again(
+                    grad.contiguous(), cos, sin, ctx.rows, ctx.kind, ctx.layout, not ctx.inverse, ctx.seq_axis
+                )
+                return back, None, None, None, None, None, None, None
 
         _Function = Rotate
     return _Function
