@@ -98,15 +98,17 @@ def peers(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """python -m anyrope bench: medians and ratios to a copy and to the peers; not run by default.
 
-    Installs NumPy, torch and mlx as their backends/ folders do, and the "bench" dependency group
-    (numba for the fast paths, matplotlib for the plot, the peers). Arguments after -- go to the
-    command, e.g. ``nox -s bench -- --quick`` or ``-- --backend torch``. Writes bench-results/.
+    Installs NumPy, torch, mlx and JAX (jax>=0.4.30, CPU) as their backends/ folders do, and the
+    "bench" dependency group (numba for the fast paths, matplotlib for the plot, the peers).
+    Arguments after -- go to the command, e.g. ``nox -s bench -- --quick`` or ``-- --backend torch``.
+    Writes bench-results/.
     """
     session.install(
         *nox.project.dependency_groups(PYPROJECT, "bench"),
         *BACKENDS["numpy"]["install"],
         *BACKENDS["torch"]["install"],
         *BACKENDS["mlx"]["install"],
+        *BACKENDS["jax"]["install"],  # jax>=0.4.30
     )
     session.install(".")
     session.run("python", "-m", "anyrope", "bench", "--out", "bench-results", *session.posargs)

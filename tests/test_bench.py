@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import io
@@ -9,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +22,21 @@ from anyrope.__main__ import main
 SRC = Path(__file__).resolve().parents[1] / "src"
 TINY_PREFILL = (1, 2, 8, 128)
 TINY_DECODE = (3, 2, 1, 128)
+TINY_SMALL = (1, 2, 4, 64)
+TINY = {"prefill": TINY_PREFILL, "decode": TINY_DECODE, "small": TINY_SMALL}
 
 
 def _tiny_cases() -> list[_bench.Case]:
-    prefill, decode = _bench.plan_cases(quick=True, repeat=2, decode_repeat=2)
+    prefill, decode, small = _bench.plan_cases(quick=True, repeat=2, decode_repeat=2)
     return [
         dataclasses.replace(prefill, dims=TINY_PREFILL),
         dataclasses.replace(decode, dims=TINY_DECODE, sample_s=0.0),
+        dataclasses.replace(small, dims=TINY_SMALL, sample_s=0.0),
     ]
+
+
+def _tiny(name: str) -> _bench.Case:
+    return next(case for case in _tiny_cases() if case.name == name)
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +52,28 @@ def numpy_part() -> dict[str, Any]:
 
 def test_plan_cases() -> None:
     full = _bench.plan_cases()
-    assert [c.name for c in full] == ["prefill", "decode"]
+    assert [c.name for c in full] == ["prefill", "decode", "small"]
     assert full[0].dims == (1, 32, 4096, 128)
     assert full[0].repeat == 15
     assert full[1].dims == (32, 32, 1, 128)
     assert full[1].repeat == 200
     assert full[1].tensors == 2
     assert full[1].offsets == [1000 + 97 * i for i in range(32)]
-    quick = _bench.plan_cases(quick=True, repeat=3)
+    assert full[1].busy == 0
+    small = full[2]
+    assert small.dims == (1, 8, 16, 64)
+    assert small.head_dim == 64
+    assert (small.offset, small.busy, small.tensors, small.offsets) == (5, 1, 1, None)
+    assert small.repeat == 200
+    assert small.sample_s > 0  # a call that small is looped within a sample
+    assert "position 5" in small.what
+    assert "busy" in small.what
+    quick = _bench.plan_cases(quick=True, repeat=3, decode_repeat=7)
     assert quick[0].dims == (1, 8, 1024, 128)
     assert quick[0].repeat == 3
     assert quick[0].offsets is None
+    assert quick[2].dims == (1, 8, 16, 64)
+    assert quick[2].repeat == 7
 
 
 def test_worker_records(numpy_part: dict[str, Any]) -> None:
@@ -63,27 +83,34 @@ def test_worker_records(numpy_part: dict[str, Any]) -> None:
     records = numpy_part["results"]
     ran = [r for r in records if r["status"] == "ok"]
     groups = {(r["shape"], r["layout"]) for r in ran}
-    assert groups == {(s, layout) for s in ("prefill", "decode") for layout in ("half", "interleaved")}
+    assert groups == {(s, layout) for s in TINY for layout in ("half", "interleaved")}
     for shape, layout in groups:
         variants = {r["variant"] for r in ran if (r["shape"], r["layout"]) == (shape, layout)}
         assert {"copy", "anyrope", "anyrope-generic"} <= variants
+        assert ("numpy-formula" in variants) == (shape == "small")  # the small case's reference
+        assert not variants & {"anyrope-compiled", "anyrope-jit"}  # NumPy has no compiler
     for r in ran:
         assert r["dtype"] == "float32"
         assert r["median_s"] > 0
         assert r["min_s"] > 0
         assert r["samples"] == 2
         assert r["number"] == 1
-        assert r["dims"] == list(TINY_PREFILL if r["shape"] == "prefill" else TINY_DECODE)
+        assert r["dims"] == list(TINY[r["shape"]])
         assert r["tensors"] == (2 if r["shape"] == "decode" else 1)
+        assert r["busy_cores"] == (1 if r["shape"] == "small" else 0)
     assert not [r for r in records if r["status"] == "error"]
+    assert "first_call" not in numpy_part  # only when asked for
     json.dumps(numpy_part)  # a worker's part must travel as JSON
+    small = [r for r in _bench.add_ratios(records) if r["shape"] == "small" and r["variant"] == "anyrope"]
+    assert {r["ref"] for r in small} == {"numpy-formula"}  # of the row's own layout
+    assert all(r["x_ref"] > 0 for r in small)
 
 
 def test_worker_progress(numpy_part: dict[str, Any]) -> None:
     events = numpy_part["events"]
-    assert len(events) == 2 * 2 * 2  # start and done for 2 shapes x 2 layouts
+    assert len(events) == 2 * 3 * 2  # start and done for 3 shapes x 2 layouts
     assert events[0] == ("start", "numpy prefill float32 half")
-    assert events[-1] == ("done", "numpy decode float32 interleaved")
+    assert events[-1] == ("done", "numpy small float32 interleaved")
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -108,6 +135,164 @@ def test_in_place_variants_rotate_like_the_call(layout: str) -> None:
         variant = _bench._inplace_variant(_bench._group(rt, case, "float32", layout))
         if variant.call is not None:
             assert _same(variant.call(), expected)  # the first call: later ones rotate again
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_naive_formula_rotates_like_anyrope(layout: str, dtype: str) -> None:
+    """numpy-formula, the small case's reference, computes RoPE (in the input's dtype)."""
+    np = pytest.importorskip("numpy")
+    import anyrope
+
+    g = _bench._group(_bench.make_runtime("numpy"), _tiny("small"), dtype, layout)
+    (variant,) = _bench.numpy_formula_variant(g)
+    assert variant.call is not None
+    result = variant.call()
+    assert result.dtype == np.dtype(dtype)
+    expected = anyrope.RoPE(64, layout=layout)(g.q.astype(np.float64), offset=5)
+    assert np.allclose(result, expected, atol=1e-5 if dtype == "float32" else 1e-2)
+
+
+def _gone(proc: subprocess.Popen[str]) -> bool:
+    """The process has exited and was reaped: its pid no longer names it."""
+    if proc.poll() is None:
+        return False
+    try:
+        os.kill(proc.pid, 0)
+    except ProcessLookupError:
+        return True
+    return False  # pragma: no cover - only if the pid was reused at once
+
+
+def test_busy_cores_spin_and_always_stop() -> None:
+    with _bench.busy_cores(2) as procs:
+        assert len(procs) == 2
+        assert all(proc.poll() is None for proc in procs)  # each said it is spinning
+    assert all(_gone(proc) for proc in procs)
+    procs = []
+
+    def spin_then_fail() -> None:
+        with _bench.busy_cores() as started:
+            procs.extend(started)
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        spin_then_fail()
+    assert len(procs) == 1
+    assert _gone(procs[0])
+
+
+@dataclasses.dataclass
+class Spinners:
+    started: list[subprocess.Popen[str]] = dataclasses.field(default_factory=list)
+    alive_when_timed: list[int] = dataclasses.field(default_factory=list)  # per call of measure
+
+
+@pytest.fixture
+def spinners(monkeypatch: pytest.MonkeyPatch) -> Spinners:
+    """The helpers bench_group starts, and how many of them spin whenever its timing begins."""
+    seen = Spinners()
+    real_busy, real_measure = _bench.busy_cores, _bench.measure
+
+    @contextlib.contextmanager
+    def busy(count: int = 1) -> Iterator[list[subprocess.Popen[str]]]:
+        with real_busy(count) as procs:
+            seen.started.extend(procs)
+            yield procs
+
+    def measure(*args: Any, **kwargs: Any) -> Any:
+        seen.alive_when_timed.append(sum(proc.poll() is None for proc in seen.started))
+        return real_measure(*args, **kwargs)
+
+    monkeypatch.setattr(_bench, "busy_cores", busy)
+    monkeypatch.setattr(_bench, "measure", measure)
+    return seen
+
+
+def test_small_case_runs_with_a_busy_core(spinners: Spinners) -> None:
+    pytest.importorskip("numpy")
+    rt = _bench.make_runtime("numpy")
+    records = _bench.bench_group(rt, _tiny("small"), "float32", "half")
+    assert {r["status"] for r in records} == {"ok"}
+    assert len(spinners.started) == 1
+    assert spinners.alive_when_timed == [1]  # spinning while the rounds were timed
+    assert _gone(spinners.started[0])
+    _bench.bench_group(rt, _tiny("prefill"), "float32", "half")
+    assert len(spinners.started) == 1  # no helper for the other cases
+    assert spinners.alive_when_timed == [1, 0]
+
+
+def test_busy_core_stops_when_the_group_fails(spinners: Spinners, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("numpy")
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("no inputs")
+
+    monkeypatch.setattr(_bench, "_group", broken)
+    with pytest.raises(RuntimeError, match="no inputs"):
+        _bench.bench_group(_bench.make_runtime("numpy"), _tiny("small"), "float32", "half")
+    assert len(spinners.started) == 1
+    assert _gone(spinners.started[0])
+
+
+def test_first_call_in_a_fresh_process() -> None:
+    pytest.importorskip("numpy")
+    records = _bench.first_call("numpy", dims=(1, 2, 8, 64), warm=2)
+    assert [r["variant"] for r in records] == ["anyrope"]  # NumPy has no compiler
+    (r,) = records
+    assert r["status"] == "ok", r
+    assert (r["backend"], r["dtype"], r["dims"], r["warm_calls"]) == ("numpy", "float32", [1, 2, 8, 64], 2)
+    assert r["first_s"] > 0
+    assert r["warm_s"] > 0
+    assert r["second_s"] > 0
+    assert r["first_over_warm"] == pytest.approx(r["first_s"] / r["warm_s"])
+    json.dumps(records)
+    (failed,) = _bench.first_call("no-such-backend", dims=(1, 2, 8, 64), warm=2)
+    assert failed["status"] == "error"
+    assert "KeyError" in failed["detail"]
+
+
+def test_jax_runtime_and_jit_variant() -> None:
+    pytest.importorskip("jax")
+    np = pytest.importorskip("numpy")
+    assert "jax" in _bench.default_backends()
+    cases = [_tiny("decode"), _tiny("small")]  # prefill is small's code path from position 0
+    part = _bench.run_backend("jax", cases, dtypes=["float32"], layouts=["half"])
+    assert part["status"] == "ok"
+    assert part["device"] == "cpu"
+    for shape in ("decode", "small"):
+        rows = {r["variant"]: r for r in part["results"] if r["shape"] == shape}
+        for variant in ("copy", "anyrope", "anyrope-jit", "anyrope-generic"):
+            assert rows[variant]["status"] == "ok", rows[variant]
+        assert rows["anyrope-inplace"]["status"] == "skipped"
+        assert "immutable" in rows["anyrope-inplace"]["detail"]
+    rt = _bench.make_runtime("jax")
+    with rt.scope():
+        g = _bench._group(rt, _tiny("decode"), "float32", "half")
+        assert str(g.offsets.dtype) == "int32"
+        (jit,) = _bench.compiled_anyrope_variant(g)
+        assert jit.name == "anyrope-jit"
+        assert jit.call is not None
+        assert "traced" in jit.note
+        assert _same(jit.call(), _bench._anyrope_call(g)())
+        copied = rt.copy(g.q)  # a copy that moves the bytes: a buffer of its own
+        assert copied.unsafe_buffer_pointer() != g.q.unsafe_buffer_pointer()
+        assert np.array_equal(np.asarray(copied), np.asarray(g.q))
+
+
+def test_torch_compiled_variant_makes_a_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    builders = (_bench.copy_variant, _bench.compiled_anyrope_variant)
+    monkeypatch.setattr(_bench, "BUILDERS", builders)  # one compile, no peers
+    rt = _bench.make_runtime("torch")
+    records = _bench.bench_group(rt, _tiny("decode"), "float32", "half")
+    (r,) = [r for r in records if r["variant"] == "anyrope-compiled"]
+    assert r["status"] in ("ok", "skipped")
+    if r["status"] == "ok":
+        assert r["median_s"] > 0
+        assert "offsets traced" in r["note"]
+    else:
+        assert "torch.compile(fullgraph=True) failed" in r["detail"]
 
 
 def test_measure_reports_failures_and_interleaves() -> None:
@@ -138,6 +323,18 @@ def _record(variant: str, median_s: float, *, layout: str = "half", tensors: int
     }  # fmt: skip
 
 
+def _small(variant: str, median_s: float, *, layout: str = "half") -> Any:
+    return _record(variant, median_s, layout=layout, backend="numpy", shape="small", dims=[1, 8, 16, 64])
+
+
+FIRST_CALL = [
+    {"backend": "torch", "dims": [1, 8, 1024, 128], "dtype": "float32", "variant": "anyrope", "status": "ok",
+     "note": "", "first_s": 0.5, "second_s": 0.01, "warm_s": 0.01, "warm_calls": 10, "first_over_warm": 50.0},
+    {"backend": "torch", "dims": [1, 8, 1024, 128], "dtype": "float32", "variant": "anyrope-compiled",
+     "status": "skipped", "detail": "torch.compile(fullgraph=True) failed: no compiler"},
+]  # fmt: skip
+
+
 def _report() -> dict[str, Any]:
     parts = [
         {
@@ -151,19 +348,38 @@ def _report() -> dict[str, Any]:
                 {**_record("anyrope-inplace", 0.0), "status": "skipped", "detail": "no in-place API"},
                 {**_record("anyrope-generic", 0.0), "status": "error", "detail": "RuntimeError: boom"},
             ],
+            "first_call": FIRST_CALL,
+        },
+        {
+            "backend": "numpy", "status": "ok", "device": "cpu", "copy": "x.copy()",
+            "results": [
+                _small("copy", 1e-6), _small("anyrope", 8e-6), _small("numpy-formula", 1e-5),
+                _small("copy", 1e-6, layout="interleaved"), _small("anyrope", 3e-5, layout="interleaved"),
+                _small("numpy-formula", 2e-5, layout="interleaved"),
+            ],
         },
         {"backend": "cupy", "status": "skipped", "detail": "CuPy finds no CUDA device"},
     ]  # fmt: skip
-    return _bench.merge(parts, machine=_bench.machine_info(), config={"cases": {}})
+    cases = {
+        c.name: {"dims": list(c.dims), "what": c.what, "busy_cores": c.busy} for c in _bench.plan_cases()
+    }
+    return _bench.merge(parts, machine=_bench.machine_info(), config={"cases": cases})
 
 
 def test_merge_adds_ratios() -> None:
     report = _report()
     assert report["schema"] == _bench.SCHEMA
-    assert set(report["backends"]) == {"torch", "cupy"}
+    assert set(report["backends"]) == {"torch", "numpy", "cupy"}
     assert "results" not in report["backends"]["torch"]
+    assert "first_call" not in report["backends"]["torch"]
+    assert report["first_call"] == FIRST_CALL
     assert report["machine"]["cpu_count"] >= 1
-    rows = {(r["variant"], r["layout"]): r for r in report["results"]}
+    small = {r["layout"]: r for r in report["results"] if r["shape"] == "small" and r["variant"] == "anyrope"}
+    assert small["half"]["x_ref"] == pytest.approx(0.8)
+    assert small["half"]["ref"] == "numpy-formula"
+    assert small["interleaved"]["x_ref"] == pytest.approx(1.5)  # its own layout's formula
+    assert small["interleaved"]["x_copy"] == pytest.approx(30.0)
+    rows = {(r["variant"], r["layout"]): r for r in report["results"] if r["backend"] == "torch"}
     assert rows["copy", "half"]["x_copy"] == pytest.approx(1.0)
     assert rows["anyrope", "half"]["x_copy"] == pytest.approx(3.0)
     assert rows["transformers-apply", "half"]["x_copy"] == pytest.approx(4.0)  # per tensor: q and k
@@ -182,12 +398,30 @@ def test_format_table() -> None:
     assert header[:5] == ["backend", "shape", "dtype", "layout", "variant"]
     assert "median" in header
     assert "copy" in header
-    anyrope_half = next(line for line in lines if " anyrope " in line and " half " in line)
+    anyrope_half = next(
+        line for line in lines if line.startswith("torch ") and " anyrope " in line and " half " in line
+    )
     assert anyrope_half.split()[-3:] == ["3.00", "3.00", "0.75"]
     assert any("error" in line and "anyrope-generic" in line for line in lines)
     assert "torch anyrope-inplace: skipped (no in-place API)" in table
     assert "cupy: skipped (CuPy finds no CUDA device)" in table
     assert "x ref against transformers-apply" in table
+    assert "x ref against numpy-formula" in table
+    rows = [line.split() for line in lines if line.startswith("numpy ")]
+    assert [(r[1], r[3], r[4]) for r in rows[:3]] == [
+        ("small", "half", v) for v in ("copy", "anyrope", "numpy-formula")
+    ]
+    assert "small: timed with 1 core(s) busy" in table
+    target = next(line for line in lines if line.startswith("target, numpy small: anyrope <= numpy-formula"))
+    assert target.endswith("float32 half 0.80, float32 interleaved 1.50: not met")
+    first = lines.index(next(line for line in lines if line.startswith("backend  variant")))
+    assert lines[first].split() == ["backend", "variant", "first", "s", "warm", "ms", "first/warm"]
+    assert lines[first + 2].split() == ["torch", "anyrope", "0.500", "10.00", "50"]
+    assert lines[first + 3].split() == ["torch", "anyrope-compiled", "skipped"]
+    assert (
+        "torch anyrope-compiled first call: skipped (torch.compile(fullgraph=True) failed: no compiler)"
+        in table
+    )
 
 
 def test_plot_or_reason(tmp_path: Path) -> None:
@@ -264,6 +498,10 @@ def test_bench_arguments() -> None:
     assert argv[1:6] == ["-m", "anyrope", "bench", "--worker", "torch"]
     assert "--quick" in argv
     assert argv[argv.index("--repeat") + 1] == "3"
+    assert "--no-first-call" not in argv
+    args = _bench_args("--backend", "jax", "--no-first-call")
+    assert args.backends == ["jax"]
+    assert "--no-first-call" in _bench._worker_argv("jax", Path("part.json"), args)
     with pytest.raises(SystemExit):
         _bench_args("--repeat", "0")
 

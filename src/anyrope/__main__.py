@@ -44,10 +44,12 @@ def _add_bench(commands: Any) -> None:
         help="time anyrope against a plain copy and other RoPE implementations",
         description=(
             "Benchmark anyrope on every installed backend, one process each: prefill and decode "
-            "shapes, float32 and the half-precision dtypes, both layouts; the default and generic "
-            "paths, a plain copy (the memory roofline) and every installed peer (transformers, "
-            "torch.compile, rotary-embedding-torch, mlx.core.fast.rope). Prints medians and ratios, "
-            "writes JSON and, with matplotlib, a plot."
+            "shapes and a small call timed while another process keeps a core busy, float32 and the "
+            "half-precision dtypes, both layouts; the default and generic paths, torch.compile and "
+            "jax.jit of the call, a plain copy (the memory roofline) and every installed peer "
+            "(transformers, torch.compile, rotary-embedding-torch, mlx.core.fast.rope, the naive "
+            "NumPy formula). CPU backends also time their first call in a fresh process. Prints "
+            "medians and ratios, writes JSON and, with matplotlib, a plot."
         ),
     )
     _bench.add_arguments(bench)

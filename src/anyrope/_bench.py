@@ -2,20 +2,35 @@
 
 The driver runs one worker process per backend (``python -m anyrope bench --worker NAME``), so
 that one library's threads, allocator and JIT caches never colour another's numbers. Each worker
-times, for prefill and decode shapes, every dtype of its library and both layouts:
+times, for three cases, every dtype of its library and both layouts:
+
+``prefill``   q only, positions ``0 .. seq - 1``
+``decode``    q and k of one new token per sequence, one cache length per row
+``small``     q only, ``(1, 8, 16, 64)`` from position 5, while a helper process keeps one core
+              busy: the per-call overhead of a small call on a machine that is not idle
+
+and these variants:
 
 ``anyrope``            the default call (per-backend fast paths on)
 ``anyrope-generic``    the same call inside ``anyrope.use_fast_paths(False)``
 ``anyrope-inplace``    only where the API offers one (``out=`` or ``inplace=``)
+``anyrope-compiled``   torch: ``torch.compile(fullgraph=True)`` of the call (decode offsets as a tensor)
+``anyrope-jit``        JAX: ``jax.jit`` of the call (decode offsets as a traced int32 array)
 ``copy``               one elementwise pass over the input: the memory-bandwidth roofline
 peers                  transformers, ``torch.compile`` of its formula, rotary-embedding-torch,
-                       ``mlx.core.fast.rope``, wherever installed
+                       ``mlx.core.fast.rope``, wherever installed; for NumPy's small case
+                       ``numpy-formula``, the textbook formula computed inside the call
 
 Variants of one (shape, dtype, layout) are timed in interleaved rounds, so that a noisy neighbour
 slows all of them alike; medians are reported with ratios to the same run's copy (and to a
 reference peer), which carry over between machines far better than absolute times on a CPU.
-The driver merges the workers' JSON, prints a table, writes JSON and, with matplotlib, a plot.
+Compiled variants are compiled and warmed up outside the timing.
 
+Each CPU backend's worker also measures the first call in a fresh process: ``import anyrope``,
+``RoPE(128)`` and the first call (and the first ``torch.compile`` or ``jax.jit`` call), against
+the median of later calls.
+
+The driver merges the workers' JSON, prints a table, writes JSON and, with matplotlib, a plot.
 Nothing here imports an array library at module level: each is imported in its worker.
 """
 
@@ -47,21 +62,30 @@ __all__ = [
     "BACKENDS",
     "Case",
     "add_ratios",
+    "busy_cores",
+    "first_call",
     "format_table",
     "machine_info",
     "main",
     "merge",
+    "naive_formula",
     "plan_cases",
     "run_backend",
 ]
 
-SCHEMA = 1
+SCHEMA = 2  # 2: the "small" case, busy_cores in records, first_call
 LAYOUTS = ("half", "interleaved")
-HEAD_DIM = 128
+SHAPES = ("prefill", "decode", "small")
 BASE = 10000.0
 PREFILL = (1, 32, 4096, 128)  # (batch, heads, seq, head_dim)
 PREFILL_QUICK = (1, 8, 1024, 128)
 DECODE = (32, 32, 1, 128)  # 32 sequences of one new token each, at different cache lengths
+SMALL = (1, 8, 16, 64)  # a short chunk of a small model: the call's overhead, not bandwidth
+SMALL_OFFSET = 5
+SMALL_BUSY_CORES = 1
+FIRST_CALL_DIMS = PREFILL_QUICK
+FIRST_CALL_WARM = 10  # later calls whose median is the warm time
+FIRST_CALL_TIMEOUT_S = 300.0
 REPEAT, REPEAT_QUICK = 15, 5
 DECODE_REPEAT, DECODE_REPEAT_QUICK = 200, 50
 DECODE_SAMPLE_S = 1e-3  # a decode sample loops the call until it takes at least this long
@@ -72,6 +96,9 @@ VARIANT_ORDER = (
     "anyrope",
     "anyrope-generic",
     "anyrope-inplace",
+    "anyrope-compiled",
+    "anyrope-jit",
+    "numpy-formula",
     "transformers-apply",
     "transformers-full",
     "transformers-compiled",
@@ -80,7 +107,7 @@ VARIANT_ORDER = (
 )
 # Per backend, the peer that "x ref" divides by, and whether it must be of the row's own layout
 # (True) or is taken from the "half" layout, the only one it has (False).
-REFERENCES = {"mx.fast.rope": True, "transformers-apply": False}
+REFERENCES = {"mx.fast.rope": True, "transformers-apply": False, "numpy-formula": True}
 
 Record = dict[str, Any]
 
@@ -104,6 +131,7 @@ BACKENDS = (
     BackendSpec("numpy", "numpy", ("float32", "float16")),
     BackendSpec("torch", "torch", ("float32", "float16", "bfloat16")),
     BackendSpec("mlx", "mlx.core", ("float32", "float16", "bfloat16")),
+    BackendSpec("jax", "jax", ("float32", "bfloat16", "float16")),
     BackendSpec("torch-cuda", "torch", ("float32", "float16", "bfloat16"), gpu=True),
     BackendSpec("cupy", "cupy", ("float32", "float16"), gpu=True),
 )
@@ -117,19 +145,26 @@ class Case:
     Parameters
     ----------
     name : str
-        "prefill" (q only, positions ``0 .. seq - 1``) or "decode" (q and k, one offset per row).
+        "prefill" or "small" (q only, positions ``offset .. offset + seq - 1``), or "decode"
+        (q and k, one offset per row).
     dims : tuple of int
         ``(batch, heads, seq, head_dim)``.
     repeat : int
         Samples per variant; the median is reported.
     sample_s : float
         A sample repeats the call until it lasts this long (0: one call per sample).
+    offset : int
+        The first position of q-only cases.
+    busy : int
+        Cores kept busy by spinning helper processes while the case's groups run.
     """
 
     name: str
     dims: tuple[int, int, int, int]
     repeat: int
     sample_s: float = 0.0
+    offset: int = 0
+    busy: int = 0
 
     @property
     def tensors(self) -> int:
@@ -137,11 +172,19 @@ class Case:
         return 2 if self.name == "decode" else 1
 
     @property
+    def head_dim(self) -> int:
+        """The last axis of q: what the case's RoPE rotates."""
+        return self.dims[3]
+
+    @property
     def what(self) -> str:
         """The inputs, in words."""
-        if self.offsets is None:
-            return "q from position 0 (peers that take q and k get both)"
-        return f"q and k, one offset per row: {', '.join(map(str, self.offsets[:2]))}, ... (1000 + 97 i)"
+        if self.offsets is not None:
+            return f"q and k, one offset per row: {', '.join(map(str, self.offsets[:2]))}, ... (1000 + 97 i)"
+        text = f"q from position {self.offset} (peers that take q and k get both)"
+        if self.busy:
+            text += f"; {self.busy} core{'s' if self.busy > 1 else ''} kept busy by a spinning process"
+        return text
 
     @property
     def offsets(self) -> list[int] | None:
@@ -152,24 +195,35 @@ class Case:
 def plan_cases(
     *, quick: bool = False, repeat: int | None = None, decode_repeat: int | None = None
 ) -> list[Case]:
-    """The prefill and decode cases of a run.
+    """The prefill, decode and small cases of a run.
 
     Parameters
     ----------
     quick : bool
         Smaller prefill shape and fewer samples, for CI-sized runs.
     repeat, decode_repeat : int, optional
-        Samples per variant for prefill and decode; defaults 15 and 200 (5 and 50 when quick).
+        Samples per variant for prefill, and for decode and small (both small calls); defaults
+        15 and 200 (5 and 50 when quick).
     """
     prefill_repeat = repeat if repeat is not None else (REPEAT_QUICK if quick else REPEAT)
     decode = decode_repeat if decode_repeat is not None else (DECODE_REPEAT_QUICK if quick else DECODE_REPEAT)
     return [
         Case("prefill", PREFILL_QUICK if quick else PREFILL, prefill_repeat),
         Case("decode", DECODE, decode, DECODE_SAMPLE_S),
+        Case("small", SMALL, decode, DECODE_SAMPLE_S, offset=SMALL_OFFSET, busy=SMALL_BUSY_CORES),
     ]
 
 
 # --- runtimes: how each library makes arrays, copies them and finishes work ---------------------
+
+
+@dataclass(frozen=True)
+class Compiler:
+    """A library's compiler of whole calls: the variant it makes and how."""
+
+    variant: str  # "anyrope-compiled", "anyrope-jit"
+    compile: Callable[[Callable[..., Any]], Callable[..., Any]]
+    note: str
 
 
 @dataclass
@@ -186,6 +240,8 @@ class Runtime:
     copy_note: str
     finish: Callable[[Any], None] = lambda _result: None  # wait for the result to exist
     scope: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+    compiler: Compiler | None = None
+    reset: Callable[[], None] = lambda: None  # before each group: drop the previous one's compiles
     torch_device: str | None = None  # for the torch peers
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -225,11 +281,20 @@ def _torch_runtime(device: str) -> Runtime:
         if device == "cuda":
             torch.cuda.synchronize()
 
+    def reset() -> None:
+        # Every group's RoPE is a new object, so each group recompiles the same code: without a
+        # reset, dynamo's recompile limit would send later groups' compiled calls back to eager.
+        if "torch._dynamo" in sys.modules:
+            torch._dynamo.reset()
+
+    compiler = Compiler(
+        "anyrope-compiled", lambda fn: torch.compile(fn, fullgraph=True), "torch.compile(fullgraph=True)"
+    )
     return Runtime(
         "torch-cuda" if device == "cuda" else "torch", "torch", torch, label, make,
         index=lambda values: torch.tensor(values, dtype=torch.int64, device=device),
         copy=lambda x: x.clone(), copy_note="x.clone()", finish=finish, scope=torch.inference_mode,
-        torch_device=device, info={
+        compiler=compiler, reset=reset, torch_device=device, info={
             "torch_threads": torch.get_num_threads(),
             "TORCHINDUCTOR_COMPILE_THREADS": os.environ["TORCHINDUCTOR_COMPILE_THREADS"],
         },
@@ -262,6 +327,29 @@ def _mlx_device(mx: Any) -> str:
     return label
 
 
+def _jax_runtime() -> Runtime:
+    jax = importlib.import_module("jax")
+    jnp = importlib.import_module("jax.numpy")
+    cpu = jax.devices("cpu")[0]
+
+    def make(dims: tuple[int, ...], dtype: str, seed: int) -> Any:
+        x = jax.random.normal(jax.random.key(seed), dims, dtype=jnp.float32).astype(getattr(jnp, dtype))
+        return jax.device_put(x, cpu).block_until_ready()
+
+    # One compiled XLA copy into a new buffer (a fresh buffer pointer each call, at about a
+    # bandwidth-bound time): the eager jnp.array(x, copy=True) adds a dispatch to the same copy.
+    copy = jax.jit(lambda x: x.copy())
+    return Runtime(
+        "jax", "jax", jax, "cpu", make,
+        # int32: without x64 (JAX's default) an int64 request is truncated to int32, with a warning
+        index=lambda values: jax.device_put(jnp.asarray(values, dtype=jnp.int32), cpu),
+        copy=copy, copy_note="jax.jit(lambda x: x.copy()), a copy into a new buffer",
+        finish=jax.block_until_ready, scope=lambda: jax.default_device(cpu),
+        compiler=Compiler("anyrope-jit", jax.jit, "jax.jit"),
+        info={"jax_enable_x64": bool(jax.config.read("jax_enable_x64"))},
+    )  # fmt: skip
+
+
 def _cupy_runtime() -> Runtime:
     cupy = importlib.import_module("cupy")
     try:
@@ -291,6 +379,7 @@ def make_runtime(name: str) -> Runtime:
         "torch": lambda: _torch_runtime("cpu"),
         "torch-cuda": lambda: _torch_runtime("cuda"),
         "mlx": _mlx_runtime,
+        "jax": _jax_runtime,
         "cupy": _cupy_runtime,
     }
     return makers[name]()
@@ -326,6 +415,16 @@ class Group:
     def decode(self) -> bool:
         return self.case.name == "decode"
 
+    @property
+    def head_dim(self) -> int:
+        return self.case.head_dim
+
+    def positions(self) -> list[int] | list[list[int]]:
+        """The positions of the case: one per token of q, or for decode one per row."""
+        if self.decode:
+            return [[offset] for offset in self.case.offsets or []]
+        return list(range(self.case.offset, self.case.offset + self.case.dims[2]))
+
 
 def _skip(name: str, why: str, tensors: int = 1) -> Variant:
     return Variant(name, None, tensors, why)
@@ -345,9 +444,11 @@ def _fast_paths_off() -> Callable[[], contextlib.AbstractContextManager[Any]] | 
 
 
 def _anyrope_call(g: Group) -> Callable[[], Any]:
-    rope, q, k, offsets = g.rope, g.q, g.k, g.offsets
+    rope, q, k, offsets, offset = g.rope, g.q, g.k, g.offsets, g.case.offset
     if g.decode:
         return lambda: rope(q, k, offset=offsets)
+    if offset:
+        return lambda: rope(q, offset=offset)
     return lambda: rope(q)
 
 
@@ -374,15 +475,15 @@ def _inplace_variant(g: Group) -> Variant:
     import anyrope
 
     n = g.case.tensors
-    if g.rt.library == "mlx":
-        return _skip("anyrope-inplace", "MLX arrays are immutable", n)
+    if g.rt.library in ("mlx", "jax"):
+        return _skip("anyrope-inplace", f"{g.rt.library.upper()} arrays are immutable", n)
     if "inplace" in inspect.signature(anyrope.RoPE.__call__).parameters:
-        q, k, rope, offsets = g.rt.copy(g.q), g.rt.copy(g.k), g.rope, g.offsets
+        q, k, rope, offsets, offset = g.rt.copy(g.q), g.rt.copy(g.k), g.rope, g.offsets, g.case.offset
         if g.decode:
             return Variant(
                 "anyrope-inplace", lambda: rope(q, k, offset=offsets, inplace=True), n, "inplace=True"
             )
-        return Variant("anyrope-inplace", lambda: rope(q, inplace=True), n, "inplace=True")
+        return Variant("anyrope-inplace", lambda: rope(q, offset=offset, inplace=True), n, "inplace=True")
     if "out" in inspect.signature(anyrope.apply).parameters:
         return _apply_out_variant(g)
     return _skip("anyrope-inplace", "no in-place API (no out= on anyrope.apply, no inplace= on RoPE)", n)
@@ -391,11 +492,7 @@ def _inplace_variant(g: Group) -> Variant:
 def _apply_out_variant(g: Group) -> Variant:
     import anyrope
 
-    seq = g.case.dims[2]
-    if g.decode:
-        positions = g.rt.index([[offset] for offset in g.case.offsets or []])
-    else:
-        positions = g.rt.index(list(range(seq)))
+    positions = g.rt.index(g.positions())
     cos, sin = g.rope.cos_sin(positions, like=g.q)  # tables outside the timing
     layout = g.layout
     inputs = [g.q, g.k] if g.decode else [g.q]
@@ -405,6 +502,68 @@ def _apply_out_variant(g: Group) -> Variant:
         return [anyrope.apply(x, cos, sin, layout=layout, out=o) for x, o in zip(inputs, outs, strict=True)]
 
     return Variant("anyrope-inplace", call, len(inputs), "anyrope.apply(..., out=), tables precomputed")
+
+
+def compiled_anyrope_variant(g: Group) -> Iterator[Variant]:
+    """The anyrope call through the library's compiler (torch.compile, jax.jit), warmed up untimed.
+
+    Arrays are the compiled function's inputs, the decode offsets included (an integer array,
+    traced), as a model compiled around the call would pass them.
+    """
+    compiler = g.rt.compiler
+    if compiler is None:
+        return
+    rope, offset, n = g.rope, g.case.offset, g.case.tensors
+
+    def decode(q: Any, k: Any, offsets: Any) -> Any:
+        return rope(q, k, offset=offsets)
+
+    def q_only(q: Any) -> Any:
+        return rope(q, offset=offset) if offset else rope(q)
+
+    fn: Callable[..., Any] = decode if g.decode else q_only
+    args = (g.q, g.k, g.offsets) if g.decode else (g.q,)
+    note = ", offsets traced" if g.decode else ""
+    try:
+        compiled = compiler.compile(fn)
+        for _ in range(2):  # the second call may recompile once, when the first filled a memo
+            g.rt.finish(compiled(*args))
+    except Exception as exc:  # noqa: BLE001 - no compiler, unsupported dtype: a skip with its reason
+        yield _skip(compiler.variant, f"{compiler.note} failed: {_short(exc)}", n)
+        return
+    yield Variant(compiler.variant, lambda: compiled(*args), n, f"{compiler.note} of the call{note}")
+
+
+def naive_formula(np: ModuleType, x: Any, positions: Any, layout: str, base: float = BASE) -> Any:
+    """RoPE as a NumPy user writes it from the paper: frequencies, angles and tables in the call.
+
+    ``positions`` has one entry per row of ``x``'s sequence axis (-2). The tables are cast to
+    x's dtype, as such code does to keep float32 in float32.
+    """
+    d = x.shape[-1]
+    inv_freq = base ** (-np.arange(0, d, 2) / d)
+    angles = positions[:, None] * inv_freq
+    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
+    if layout == "interleaved":
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return np.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
+    cos2, sin2 = np.concatenate([cos, cos], axis=-1), np.concatenate([sin, sin], axis=-1)
+    rotated = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], axis=-1)  # rotate_half
+    return x * cos2 + rotated * sin2
+
+
+def numpy_formula_variant(g: Group) -> Iterator[Variant]:
+    """The naive NumPy formula, the reference of NumPy's small case (a call that small is mostly
+    overhead, and this is what anyrope's overhead must beat)."""
+    if g.rt.library != "numpy" or g.case.name != "small":
+        return
+    np, q, layout, first, seq = g.rt.module, g.q, g.layout, g.case.offset, g.case.dims[2]
+    yield Variant(
+        "numpy-formula",
+        lambda: naive_formula(np, q, np.arange(first, first + seq), layout),
+        1,
+        "base ** (-arange(0, d, 2) / d), angles, cos/sin, x * cos + rotate(x) * sin, all in the call",
+    )
 
 
 def copy_variant(g: Group) -> Iterator[Variant]:
@@ -440,15 +599,12 @@ def _hf_tables(g: Group, modeling: ModuleType) -> tuple[Any, Any]:
     """transformers' rotary module (Llama's, plain RoPE) and the position ids of the case."""
     torch = g.rt.module
     config = modeling.LlamaConfig(
-        hidden_size=g.case.dims[1] * HEAD_DIM, num_attention_heads=g.case.dims[1], head_dim=HEAD_DIM,
+        hidden_size=g.case.dims[1] * g.head_dim, num_attention_heads=g.case.dims[1], head_dim=g.head_dim,
         max_position_embeddings=8192, rope_theta=BASE,
     )  # fmt: skip
     rotary = modeling.LlamaRotaryEmbedding(config=config).to(g.rt.torch_device)
-    if g.decode:
-        position_ids = torch.tensor(g.case.offsets, device=g.rt.torch_device)[:, None]
-    else:
-        position_ids = torch.arange(g.case.dims[2], device=g.rt.torch_device)[None, :]
-    return rotary, position_ids
+    position_ids = torch.tensor(g.positions(), device=g.rt.torch_device)
+    return rotary, position_ids if g.decode else position_ids[None, :]
 
 
 def transformers_variants(g: Group) -> Iterator[Variant]:
@@ -509,10 +665,11 @@ def rotary_embedding_torch_variant(g: Group) -> Iterator[Variant]:
         yield _skip("rotary-embedding-torch", ret)
         return
     torch = g.rt.module
-    rot = ret.RotaryEmbedding(dim=HEAD_DIM, theta=BASE).to(g.rt.torch_device)
-    q, k = g.q, g.k
+    rot = ret.RotaryEmbedding(dim=g.head_dim, theta=BASE).to(g.rt.torch_device)
+    q, k, offset = g.q, g.k, g.case.offset
     if not g.decode:
-        yield Variant("rotary-embedding-torch", lambda: rot.rotate_queries_or_keys(q, seq_dim=-2), 1,
+        yield Variant("rotary-embedding-torch",
+                      lambda: rot.rotate_queries_or_keys(q, seq_dim=-2, offset=offset), 1,
                       "rotate_queries_or_keys (frequencies cached)")  # fmt: skip
         return
     # rotate_queries_or_keys takes one offset for the batch: per-row positions go through forward.
@@ -529,14 +686,14 @@ def mlx_fast_variant(g: Group) -> Iterator[Variant]:
     """``mlx.core.fast.rope``, MLX's fused kernel (``traditional=True`` is the interleaved layout)."""
     if g.rt.library != "mlx":
         return
-    mx, q, k = g.rt.module, g.q, g.k
+    mx, q, k, dims, first = g.rt.module, g.q, g.k, g.head_dim, g.case.offset
     traditional = g.layout == "interleaved"
 
     def rope(x: Any, offset: Any) -> Any:
-        return mx.fast.rope(x, HEAD_DIM, traditional=traditional, base=BASE, scale=1.0, offset=offset)
+        return mx.fast.rope(x, dims, traditional=traditional, base=BASE, scale=1.0, offset=offset)
 
     if not g.decode:
-        yield Variant("mx.fast.rope", lambda: rope(q, 0), 1, f"traditional={traditional}")
+        yield Variant("mx.fast.rope", lambda: rope(q, first), 1, f"traditional={traditional}")
         return
     offsets = g.offsets
     try:
@@ -551,6 +708,8 @@ def mlx_fast_variant(g: Group) -> Iterator[Variant]:
 BUILDERS: tuple[Callable[[Group], Iterable[Variant]], ...] = (
     copy_variant,
     anyrope_variants,
+    compiled_anyrope_variant,
+    numpy_formula_variant,
     transformers_variants,
     compiled_variant,
     rotary_embedding_torch_variant,
@@ -637,6 +796,48 @@ def _timing(values: list[float], number: int) -> Timing:
     return Timing(statistics.median(ordered), ordered[0], quartiles[0], quartiles[2], len(ordered), number)
 
 
+# --- the busy core ----------------------------------------------------------------------------
+
+# Pure Python spinning; it checks every few milliseconds that its parent lives, so that a worker
+# killed outright does not leave it spinning.
+SPIN = """\
+import os
+parent = os.getppid()
+print("spinning", flush=True)
+while os.getppid() == parent:
+    for _ in range(100_000):
+        pass
+"""
+
+
+@contextlib.contextmanager
+def busy_cores(count: int = 1) -> Iterator[list[subprocess.Popen[str]]]:
+    """``count`` helper processes, each spinning on a core for the duration of the block.
+
+    They are spinning when the block starts (each has said so), and are killed and reaped when
+    it ends, however it ends.
+    """
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(count):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
+                )
+            )
+        for proc in procs:
+            assert proc.stdout is not None
+            proc.stdout.readline()
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
 # --- the worker -------------------------------------------------------------------------------
 
 
@@ -646,7 +847,8 @@ def _group(rt: Runtime, case: Case, dtype: str, layout: str) -> Group:
     q = rt.make(case.dims, dtype, 0)
     k = rt.make(case.dims, dtype, 1)
     offsets = rt.index(case.offsets) if case.offsets is not None else None
-    return Group(rt, case, dtype, layout, q, k, offsets, anyrope.RoPE(HEAD_DIM, base=BASE, layout=layout))
+    rope = anyrope.RoPE(case.head_dim, base=BASE, layout=layout)
+    return Group(rt, case, dtype, layout, q, k, offsets, rope)
 
 
 def _timed(rt: Runtime, call: Callable[[], Any]) -> Callable[[], None]:
@@ -660,9 +862,13 @@ def bench_group(
     """Every variant of one (case, dtype, layout), as records."""
     base: Record = {
         "backend": rt.name, "device": rt.device, "shape": case.name, "dims": list(case.dims),
-        "dtype": dtype, "layout": layout,
+        "dtype": dtype, "layout": layout, "busy_cores": case.busy,
     }  # fmt: skip
-    with rt.scope():
+    rt.reset()
+    with contextlib.ExitStack() as stack:
+        if case.busy:
+            stack.enter_context(busy_cores(case.busy))
+        stack.enter_context(rt.scope())
         g = _group(rt, case, dtype, layout)
         variants: list[Variant] = []
         for build in BUILDERS:
@@ -695,6 +901,7 @@ def run_backend(
     layouts: Sequence[str] = LAYOUTS,
     budget_s: float = GROUP_BUDGET_S,
     progress: Callable[[str, str], None] | None = None,
+    first: bool = False,
 ) -> Record:
     """Benchmark one backend in this process; returns its part of the report.
 
@@ -711,13 +918,16 @@ def run_backend(
     budget_s : float
         Seconds after which one group's rounds stop (once three are in).
     progress : callable, optional
-        Called with ("start" or "done", a label) around each (case, dtype, layout).
+        Called with ("start" or "done", a label) around each (case, dtype, layout), and with
+        "start" before the first-call measurement.
+    first : bool
+        Measure the first call in a fresh process too (:func:`first_call`), before the cases.
 
     Returns
     -------
     dict
         ``backend``, ``device``, ``status`` ("ok" or "skipped" with ``detail``), ``copy``, ``info``,
-        ``results`` (one record per variant).
+        ``results`` (one record per variant), and with ``first`` ``first_call`` (its records).
     """
     spec = _SPECS[name]
     part: Record = {"backend": name, "status": "ok", "results": []}
@@ -726,6 +936,10 @@ def run_backend(
     except Unavailable as exc:
         return {**part, "status": "skipped", "detail": str(exc)}
     part.update(device=rt.device, copy=rt.copy_note, info=rt.info)
+    if first:
+        if progress is not None:
+            progress("start", f"{name} first call")
+        part["first_call"] = first_call(name)
     for case in cases:
         for dtype in dtypes or spec.dtypes:
             for layout in layouts:
@@ -742,11 +956,122 @@ def _emit(kind: str, label: str) -> None:
     print(EVENT + json.dumps({"event": kind, "label": label}), flush=True)
 
 
-def worker_main(name: str, json_out: Path, cases: Sequence[Case], budget_s: float) -> int:
-    """The body of ``bench --worker NAME``: run one backend and write its part as JSON."""
-    part = run_backend(name, cases, budget_s=budget_s, progress=_emit)
+def worker_main(
+    name: str, json_out: Path, cases: Sequence[Case], budget_s: float, *, first: bool = True
+) -> int:
+    """The body of ``bench --worker NAME``: run one backend and write its part as JSON.
+
+    ``first``: also measure the first call, on CPU backends.
+    """
+    part = run_backend(name, cases, budget_s=budget_s, progress=_emit, first=first and not _SPECS[name].gpu)
     json_out.write_text(json.dumps(part, indent=1))
     return 0
+
+
+# --- the first call ---------------------------------------------------------------------------
+
+FIRST_MARK = "@@anyrope-first-call "  # prefix of the child's line of results
+# The child loads this file by its path, as a module outside the anyrope package: importing
+# anyrope._bench would import anyrope, whose import the first call must include.
+_FIRST_CHILD = (
+    "import importlib.util, sys; "
+    "spec = importlib.util.spec_from_file_location('_anyrope_bench_child', sys.argv[1]); "
+    "module = importlib.util.module_from_spec(spec); sys.modules[spec.name] = module; "
+    "spec.loader.exec_module(module); sys.exit(module.first_call_child(sys.argv[2:]))"
+)
+
+
+def first_call(
+    name: str,
+    *,
+    dims: tuple[int, int, int, int] = FIRST_CALL_DIMS,
+    warm: int = FIRST_CALL_WARM,
+    timeout_s: float = FIRST_CALL_TIMEOUT_S,
+) -> list[Record]:
+    """The first call's latency in a fresh process, against the median of later calls.
+
+    The child imports the backend's library and makes a float32 q of ``dims`` before the clock
+    starts; the first call's time then includes ``import anyrope``, ``RoPE(head_dim)`` and
+    ``rope(q)``. Where the library has a compiler (torch.compile, jax.jit), its first call of
+    ``rope(q)`` is timed next, compile included.
+
+    Returns
+    -------
+    list of dict
+        One record per variant: ``status`` "ok" with ``first_s``, ``warm_s`` (median of ``warm``
+        later calls), ``second_s``, ``first_over_warm``; or "error"/"skipped" with ``detail``.
+    """
+    base: Record = {"backend": name, "dims": list(dims), "dtype": "float32"}
+    argv = [sys.executable, "-c", _FIRST_CHILD, __file__, name, json.dumps({"dims": dims, "warm": warm})]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return [
+            {**base, "variant": "anyrope", "status": "error", "detail": f"timed out after {timeout_s:g} s"}
+        ]
+    found = [line for line in done.stdout.splitlines() if line.startswith(FIRST_MARK)]
+    if done.returncode != 0 or not found:
+        last = (done.stderr.strip().splitlines() or [""])[-1]
+        detail = f"the fresh process exited with {done.returncode}: {last}"[:200]
+        return [{**base, "variant": "anyrope", "status": "error", "detail": detail}]
+    return [{**base, **record} for record in json.loads(found[-1][len(FIRST_MARK) :])]
+
+
+def first_call_child(argv: Sequence[str]) -> int:
+    """The fresh process of :func:`first_call`: ``argv`` is the backend and its parameters as JSON."""
+    params = json.loads(argv[1])
+    dims = tuple(params["dims"])
+    records = _first_calls(make_runtime(argv[0]), (dims[0], dims[1], dims[2], dims[3]), int(params["warm"]))
+    print(FIRST_MARK + json.dumps(records), flush=True)
+    return 0
+
+
+def _first_calls(rt: Runtime, dims: tuple[int, int, int, int], warm: int) -> list[Record]:
+    with rt.scope():
+        q = rt.make(dims, "float32", 0)
+        rt.finish(q)
+        start = time.perf_counter()
+        anyrope = importlib.import_module("anyrope")
+        rope = anyrope.RoPE(dims[3], base=BASE)
+        rt.finish(rope(q))
+        first = time.perf_counter() - start
+        records = [
+            _first_record("anyrope", "import anyrope + RoPE + rope(q)", first, rt, lambda: rope(q), warm)
+        ]
+        if rt.compiler is not None:
+            records.append(_first_compiled(rt, rt.compiler, lambda x: rope(x), q, warm))
+    return records
+
+
+def _first_compiled(rt: Runtime, compiler: Compiler, fn: Callable[[Any], Any], q: Any, warm: int) -> Record:
+    start = time.perf_counter()
+    try:
+        compiled = compiler.compile(fn)
+        rt.finish(compiled(q))
+    except Exception as exc:  # noqa: BLE001 - no compiler here: a skip with its reason
+        return {
+            "variant": compiler.variant,
+            "status": "skipped",
+            "detail": f"{compiler.note} failed: {_short(exc)}",
+        }
+    first = time.perf_counter() - start
+    note = f"{compiler.note} of lambda q: rope(q), compile included"
+    return _first_record(compiler.variant, note, first, rt, lambda: compiled(q), warm)
+
+
+def _first_record(
+    variant: str, note: str, first: float, rt: Runtime, call: Callable[[], Any], warm: int
+) -> Record:
+    later = []
+    for _ in range(max(1, warm)):
+        start = time.perf_counter()
+        rt.finish(call())
+        later.append(time.perf_counter() - start)
+    median = statistics.median(later)
+    return {
+        "variant": variant, "status": "ok", "note": note, "first_s": first, "second_s": later[0],
+        "warm_s": median, "warm_calls": len(later), "first_over_warm": first / median,
+    }  # fmt: skip
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -788,8 +1113,8 @@ def add_ratios(results: Sequence[Record]) -> list[Record]:
 
 def _versions() -> dict[str, str]:
     found = {}
-    for dist in ("anyrope", "array-api-compat", "numpy", "torch", "mlx", "cupy-cuda12x", "numba",
-                 "transformers", "rotary-embedding-torch", "matplotlib"):  # fmt: skip
+    for dist in ("anyrope", "array-api-compat", "numpy", "torch", "mlx", "jax", "jaxlib", "cupy-cuda12x",
+                 "numba", "transformers", "rotary-embedding-torch", "matplotlib"):  # fmt: skip
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[dist] = importlib.metadata.version(dist)
     return found
@@ -818,8 +1143,10 @@ def machine_info() -> Record:
 
 
 def merge(parts: Sequence[Record], *, machine: Record, config: Record) -> Record:
-    """One report from the workers' parts: machine, config, each backend's header, all results."""
-    backends = {p["backend"]: {k: v for k, v in p.items() if k != "results"} for p in parts}
+    """One report from the workers' parts: machine, config, each backend's header, all results,
+    and the first-call records."""
+    lists = ("results", "first_call")
+    backends = {p["backend"]: {k: v for k, v in p.items() if k not in lists} for p in parts}
     results = [r for p in parts for r in p.get("results", [])]
     return {
         "schema": SCHEMA,
@@ -828,6 +1155,7 @@ def merge(parts: Sequence[Record], *, machine: Record, config: Record) -> Record
         "config": config,
         "backends": backends,
         "results": add_ratios(results),
+        "first_call": [r for p in parts for r in p.get("first_call", [])],
     }
 
 
@@ -858,7 +1186,7 @@ def _order(r: Record) -> tuple[int, ...]:
     variant = VARIANT_ORDER.index(r["variant"]) if r["variant"] in VARIANT_ORDER else len(VARIANT_ORDER)
     return (
         backends.index(r["backend"]) if r["backend"] in backends else len(backends),
-        0 if r["shape"] == "prefill" else 1,
+        SHAPES.index(r["shape"]) if r["shape"] in SHAPES else len(SHAPES),
         ["float32", "float16", "bfloat16"].index(r["dtype"])
         if r["dtype"] in ("float32", "float16", "bfloat16")
         else 3,
@@ -867,27 +1195,56 @@ def _order(r: Record) -> tuple[int, ...]:
     )
 
 
-def format_table(report: Record) -> str:
-    """The report as a text table (timed and failed rows; skips are listed below it) with notes."""
-    rows = sorted((r for r in report["results"] if r.get("status") != "skipped"), key=_order)
-    cells = [list(COLUMNS), *(_row(r) for r in rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    numeric = {COLUMNS.index(c) for c in ("median ms", "x copy", "x ref")}
+def _columns(
+    header: Sequence[str], rows: Sequence[list[str]], numeric: Iterable[str], group: int = 2
+) -> list[str]:
+    """Aligned lines: the header, a rule, and the rows, a blank line wherever the first ``group``
+    cells change."""
+    cells = [list(header), *rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    right = {header.index(c) for c in numeric}
 
     def line(row: list[str]) -> str:
         parts = [
-            c.rjust(w) if i in numeric else c.ljust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         return "  ".join(parts).rstrip()
 
     lines = [line(cells[0]), "  ".join("-" * w for w in widths)]
-    previous: tuple[str, str] | None = None
+    previous: list[str] | None = None
     for row in cells[1:]:
-        if previous is not None and (row[0], row[1]) != previous:
+        if previous is not None and row[:group] != previous:
             lines.append("")
-        previous = (row[0], row[1])
+        previous = row[:group]
         lines.append(line(row))
+    return lines
+
+
+FIRST_COLUMNS = ("backend", "variant", "first s", "warm ms", "first/warm")
+
+
+def _first_row(r: Record) -> list[str]:
+    if r.get("status") != "ok":
+        return [r["backend"], r["variant"], str(r.get("status")), "", ""]
+    return [
+        r["backend"],
+        r["variant"],
+        f"{r['first_s']:.3f}",
+        _ms(r["warm_s"]),
+        f"{r['first_over_warm']:.0f}",
+    ]
+
+
+def format_table(report: Record) -> str:
+    """The report as a text table (timed and failed rows; skips are listed below it), the
+    first-call table, and notes."""
+    rows = sorted((r for r in report["results"] if r.get("status") != "skipped"), key=_order)
+    lines = _columns(COLUMNS, [_row(r) for r in rows], ("median ms", "x copy", "x ref"))
+    first = report.get("first_call", [])
+    if first:
+        backends = [b.name for b in BACKENDS]
+        first = sorted(first, key=lambda r: backends.index(r["backend"]) if r["backend"] in backends else 99)
+        lines += ["", *_columns(FIRST_COLUMNS, [_first_row(r) for r in first], FIRST_COLUMNS[2:], 1)]
     return "\n".join([*lines, "", *_notes(report)])
 
 
@@ -901,6 +1258,25 @@ def _notes(report: Record) -> list[str]:
     ]
     for name, case in config.get("cases", {}).items():
         notes.append(f"{name}: (batch, heads, seq, head_dim) = {tuple(case['dims'])}, {case['what']}")
+        if case.get("busy_cores"):
+            notes.append(
+                f"{name}: timed with {case['busy_cores']} core(s) busy: a helper process spinning in pure"
+                " Python ran from before the group's setup until after its last round"
+            )
+    notes += _targets(report)
+    first = report.get("first_call", [])
+    if first:
+        notes += [
+            "first call: in a fresh process per CPU backend, once the library is imported and a float32 q",
+            f"of {tuple(first[0]['dims'])} made: import anyrope + RoPE + rope(q); then the first call of",
+            "the compiled rope(q) (torch.compile(fullgraph=True), jax.jit), compile included;",
+            "warm ms: median of later calls; first/warm: their ratio.",
+        ]
+        for r in first:
+            if r.get("status") != "ok":
+                notes.append(
+                    f"{r['backend']} {r['variant']} first call: {r['status']} ({r.get('detail', '')})"
+                )
     for name, backend in report.get("backends", {}).items():
         if backend.get("status") != "ok":
             notes.append(f"{name}: {backend.get('status')} ({backend.get('detail', '')})")
@@ -920,11 +1296,27 @@ def _notes(report: Record) -> list[str]:
     return notes
 
 
+def _targets(report: Record) -> list[str]:
+    """The small case's target on NumPy: anyrope's call no slower than the naive formula."""
+    rows = [
+        r
+        for r in report["results"]
+        if r["backend"] == "numpy" and r["shape"] == "small" and r["variant"] == "anyrope" and r.get("x_ref")
+    ]
+    if not rows:
+        return []
+    found = ", ".join(f"{r['dtype']} {r['layout']} {r['x_ref']:.2f}" for r in sorted(rows, key=_order))
+    met = all(r["x_ref"] <= 1.0 for r in rows)
+    return [
+        f"target, numpy small: anyrope <= numpy-formula (x ref <= 1): {found}: {'met' if met else 'not met'}"
+    ]
+
+
 # --- the plot ---------------------------------------------------------------------------------
 
 
 def plot(report: Record, path: Path) -> str | None:
-    """Bars of "x copy" per variant, for prefill float32 and decode float32, one panel per backend.
+    """Bars of "x copy" per variant, float32, one row of panels per case, one panel per backend.
 
     Returns None when written, else why not (matplotlib missing, nothing to draw).
     """
@@ -940,7 +1332,7 @@ def plot(report: Record, path: Path) -> str | None:
         if r.get("status") == "ok" and r["dtype"] == "float32" and r.get("x_copy")
     ]
     backends = [b.name for b in BACKENDS if any(r["backend"] == b.name for r in rows)]
-    shapes = [s for s in ("prefill", "decode") if any(r["shape"] == s for r in rows)]
+    shapes = [s for s in SHAPES if any(r["shape"] == s for r in rows)]
     if not backends or not shapes:
         return "no float32 results to plot"
     fig, axes = plt.subplots(
@@ -968,6 +1360,10 @@ def plot(report: Record, path: Path) -> str | None:
 
 def _panel(ax: Any, rows: list[Record], shape: str, backend: str) -> None:
     """One backend's bars: a pair per variant (half, interleaved), one where it has one layout."""
+    if not rows:  # a backend that timed nothing of this case, e.g. after an error
+        ax.set_title(f"{backend}, {shape}: no float32 results", fontsize=9)
+        ax.set_axis_off()
+        return
     variants = [v for v in VARIANT_ORDER if v != "copy" and any(r["variant"] == v for r in rows)]
     width = 0.8 / len(LAYOUTS)
     colors = {"half": "tab:blue", "interleaved": "tab:orange"}
@@ -989,7 +1385,9 @@ def _panel(ax: Any, rows: list[Record], shape: str, backend: str) -> None:
         ax.tick_params(axis="y", which="minor", labelsize=6)
     ax.set_xticks(range(len(variants)))
     ax.set_xticklabels(variants, rotation=30, ha="right", fontsize=8)
-    ax.set_title(f"{backend} on {rows[0]['device']}, {shape}", fontsize=9)
+    busy = rows[0].get("busy_cores", 0)
+    where = f", {busy} core{'s' if busy > 1 else ''} busy" if busy else ""
+    ax.set_title(f"{backend} on {rows[0]['device']}, {shape}{where}", fontsize=9)
     ax.set_ylabel("time / copy (lower is better)", fontsize=8)
 
 
@@ -1081,6 +1479,8 @@ def _worker_argv(name: str, json_out: Path, args: argparse.Namespace) -> list[st
         argv += ["--repeat", str(args.repeat)]
     if args.decode_repeat is not None:
         argv += ["--decode-repeat", str(args.decode_repeat)]
+    if args.no_first_call:
+        argv.append("--no-first-call")
     return [*argv, "--group-budget", str(args.group_budget)]
 
 
@@ -1125,9 +1525,17 @@ def _config(args: argparse.Namespace, cases: Sequence[Case]) -> Record:
     return {
         "quick": bool(args.quick),
         "cases": {
-            c.name: {"dims": list(c.dims), "repeat": c.repeat, "sample_s": c.sample_s, "what": c.what}
+            c.name: {
+                "dims": list(c.dims),
+                "repeat": c.repeat,
+                "sample_s": c.sample_s,
+                "offset": c.offset,
+                "busy_cores": c.busy,
+                "what": c.what,
+            }
             for c in cases
         },
+        "first_call": not args.no_first_call,
         "group_budget_s": args.group_budget,
         "argv": sys.argv[1:],
     }
@@ -1196,7 +1604,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--decode-repeat",
         type=_positive,
         metavar="N",
-        help=f"samples per variant for decode (default {DECODE_REPEAT}, {DECODE_REPEAT_QUICK} with --quick)",
+        help=f"samples per variant for decode and small (default {DECODE_REPEAT}, "
+        f"{DECODE_REPEAT_QUICK} with --quick)",
+    )
+    add(
+        "--no-first-call",
+        action="store_true",
+        help="do not time the first call in a fresh process (CPU backends; about 5 to 30 s each)",
     )
     add(
         "--out",
@@ -1225,5 +1639,5 @@ def main(args: argparse.Namespace) -> int:
             print("--worker needs --json-out", file=sys.stderr)
             return 2
         cases = plan_cases(quick=args.quick, repeat=args.repeat, decode_repeat=args.decode_repeat)
-        return worker_main(args.worker, args.json_out, cases, args.group_budget)
+        return worker_main(args.worker, args.json_out, cases, args.group_budget, first=not args.no_first_call)
     return driver_main(args)
