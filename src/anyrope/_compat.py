@@ -242,20 +242,14 @@ def is_traced(xp: Any, *arrays: Any) -> bool:
         jit: Any = torch.jit  # is_tracing is untyped in torch's stubs
         if torch.compiler.is_compiling() or jit.is_tracing():
             return True
-        return any(_torch_valueless(torch, x) for x in arrays if x is not None)
+        plain, wrapped = (torch.Tensor, torch.nn.Parameter), torch._C._functorch.is_functorch_wrapped_tensor
+        # FakeTensor, FunctionalTensor, DTensor...; meta tensors; vmap and grad wrappers
+        return any(x is not None and (type(x) not in plain or x.is_meta or wrapped(x)) for x in arrays)
     if library == "jax.numpy":
         import jax
 
         return any(isinstance(x, jax.core.Tracer) for x in arrays)
     return False
-
-
-def _torch_valueless(torch: Any, x: Any) -> bool:
-    if x.device.type == "meta":
-        return True
-    if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
-        return True  # FakeTensor, FunctionalTensor, DTensor, ...: values are not ours to read
-    return bool(torch._C._functorch.is_functorch_wrapped_tensor(x))
 
 
 def host_array(xp: Any, x: Any, traced: bool) -> Any:
