@@ -16,9 +16,7 @@ import pytest
 import anyrope
 from anyrope import analysis
 
-
-def numpy_inv_freq(rotary_dim: int, base: float = 10000.0) -> np.ndarray:
-    return base ** (-np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+from oracle import inv_freq
 
 
 def numpy_decay(thetas: np.ndarray, m: int) -> float:
@@ -83,13 +81,13 @@ def test_angle_difference_range_and_sign() -> None:
 
 def test_wavelengths_and_rotations_match_numpy() -> None:
     rope = anyrope.RoPE(128)
-    thetas = numpy_inv_freq(128)
+    thetas = inv_freq(128)
     np.testing.assert_allclose(analysis.wavelengths(rope), 2 * np.pi / thetas, rtol=1e-13)
     np.testing.assert_allclose(analysis.rotations(rope, 4096), 4096 * thetas / (2 * np.pi), rtol=1e-13)
     assert analysis.rotations(rope, 0) == [0.0] * 64
     partial = anyrope.RoPE(128, rotary_dim=32, base=500000.0)
     np.testing.assert_allclose(
-        analysis.wavelengths(partial), 2 * np.pi / numpy_inv_freq(32, 500000.0), rtol=1e-13
+        analysis.wavelengths(partial), 2 * np.pi / inv_freq(32, 500000.0), rtol=1e-13
     )
 
 
@@ -181,7 +179,7 @@ def test_decay_bound_matches_direct_sum(rotary_dim: int) -> None:
     rope = anyrope.RoPE(128, rotary_dim=rotary_dim)
     distances = [0, 1, 2, 5, 17, 100, 1000, 12345, -3]
     got = analysis.decay_bound(rope, distances)
-    thetas = numpy_inv_freq(rotary_dim)
+    thetas = inv_freq(rotary_dim)
     want = [numpy_decay(thetas, m) for m in distances]
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
