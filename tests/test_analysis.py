@@ -86,9 +86,7 @@ def test_wavelengths_and_rotations_match_numpy() -> None:
     np.testing.assert_allclose(analysis.rotations(rope, 4096), 4096 * thetas / (2 * np.pi), rtol=1e-13)
     assert analysis.rotations(rope, 0) == [0.0] * 64
     partial = anyrope.RoPE(128, rotary_dim=32, base=500000.0)
-    np.testing.assert_allclose(
-        analysis.wavelengths(partial), 2 * np.pi / inv_freq(32, 500000.0), rtol=1e-13
-    )
+    np.testing.assert_allclose(analysis.wavelengths(partial), 2 * np.pi / inv_freq(32, 500000.0), rtol=1e-13)
 
 
 @pytest.mark.parametrize("frequencies", [[1.0, 0.5], (1.0, 0.5), np.array([1.0, 0.5]), RopeLike((1.0, 0.5))])
