@@ -34,6 +34,16 @@ def test_self_check_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert " 0 failed" in out
 
 
+def test_self_check_covers_jax(capsys: pytest.CaptureFixture[str]) -> None:
+    jax = pytest.importorskip("jax")
+    assert main(["-b", "jax"]) == 0
+    out = capsys.readouterr().out
+    assert "jax " in out
+    assert "FAIL" not in out
+    if not jax.config.read("jax_enable_x64"):
+        assert "x64 only" in out  # float64 is reported as skipped, with the reason
+
+
 def test_wrong_oracle_fails(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     _numpy_backend()
     right = _selfcheck.rope_oracle

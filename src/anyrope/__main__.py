@@ -15,7 +15,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m anyrope",
         description=(
-            "List the array libraries anyrope finds installed (NumPy, PyTorch, MLX, CuPy, "
+            "List the array libraries anyrope finds installed (NumPy, PyTorch, MLX, JAX, CuPy, "
             "array-api-strict) and self-check RoPE on each of their devices, in float32 and float64, "
             "against a plain-Python oracle. Exits with 0 when every check that ran passed."
         ),

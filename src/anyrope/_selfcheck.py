@@ -263,6 +263,26 @@ def _mlx_gpu_available(mx: Any) -> bool:
         return False
 
 
+def _jax() -> list[Target]:
+    import jax
+    import jax.numpy as jnp
+
+    config: Any = jax.config  # untyped in JAX's stubs
+    unsupported = (
+        {}
+        if config.read("jax_enable_x64")
+        else {"float64": "JAX has float64 with x64 only (JAX_ENABLE_X64=1)"}
+    )
+
+    def target(device: Any) -> Target:
+        def make(data: Nested, dtype: str) -> Any:
+            return jax.device_put(jnp.asarray(data, dtype=getattr(jnp, dtype)), device)
+
+        return Target(f"{device.platform}:{device.id}", make, unsupported)
+
+    return [target(device) for device in jax.devices()]
+
+
 def _cupy() -> list[Target]:
     import cupy
 
@@ -300,6 +320,7 @@ BACKENDS: tuple[Backend, ...] = (
     Backend("torch", "torch", ("torch",), _torch, 'pip install "anyrope[torch]"'),
     # find_spec("mlx.core") would import the mlx package itself; the probe does that in a try.
     Backend("mlx", "mlx", ("mlx",), _mlx, 'pip install "anyrope[mlx]"'),
+    Backend("jax", "jax", ("jax",), _jax, 'pip install "anyrope[jax]"'),
     Backend(
         "cupy",
         "cupy",
