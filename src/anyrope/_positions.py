@@ -110,13 +110,12 @@ class ArrayOffset(PositionSpec):
     """Positions ``start[b], start[b] + 1, ...``: ``start`` 0-d (one offset, perhaps traced) or
     (batch,) (one per row)."""
 
-    __slots__ = ("_host", "ndim", "rows", "start")
+    __slots__ = ("ndim", "rows", "start")
 
     def __init__(self, start: Given) -> None:
         self.start = start
         self.ndim = 1 if start.ndim == 0 else 2
         self.rows = 1 if start.ndim == 0 else start.shape[0]
-        self._host: Any = None
 
     def check(self, x: Any, arg: str, axis: int) -> None:
         if self.start.ndim == 1:
@@ -140,12 +139,10 @@ class ArrayOffset(PositionSpec):
         known = self.start.known
         if known is None:
             return None
-        if self._host is None or self._host.shape[1] != seq:  # asked more than once a call
-            import numpy as np
+        import numpy as np
 
-            starts = np.reshape(known, (-1, 1)).astype(np.int64)
-            self._host = starts if seq == 1 else starts + np.arange(seq, dtype=np.int64)
-        return self._host
+        starts = np.reshape(known, (-1, 1)).astype(np.int64)
+        return starts if seq == 1 else starts + np.arange(seq, dtype=np.int64)
 
     def host_range(self, seq: int) -> tuple[int, int] | None:
         span = self.start.span()

@@ -11,8 +11,6 @@ rounded once, bit for bit as the generic path.
 from __future__ import annotations
 
 import math
-import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _numba
@@ -143,31 +141,12 @@ def _wrap(x: Any, buffer: Any) -> Any:
 # 1x8x16x64 takes 5 us on one thread, and a parallel launch costs 10 to 20 us with a busy core).
 _PARALLEL_FROM = 1 << 16
 
-# Views of torch tables by identity (tensors compare elementwise), dropped with their tensor.
-_views: dict[int, tuple[weakref.ref[Any], Any]] = {}
-
 
 def _table_view(table: Any) -> Any:
-    """A table as a contiguous NumPy array; for a cached torch table, made once and remembered."""
+    """A table as a contiguous NumPy array (of a torch table: a view of its memory)."""
     import numpy as np
 
-    if _is_numpy(table):
-        return np.ascontiguousarray(table)
-    key = id(table)
-    found = _views.get(key)
-    if found is not None and found[0]() is table:
-        return found[1]
-    view = np.ascontiguousarray(host_view(table))
-    if not table.requires_grad:
-        _views[key] = (weakref.ref(table, _forget(key)), view)
-    return view
-
-
-def _forget(key: int) -> Callable[[Any], None]:
-    def forget(_: Any) -> None:
-        _views.pop(key, None)
-
-    return forget
+    return np.ascontiguousarray(table if _is_numpy(table) else host_view(table))
 
 
 _Function: Any = None
