@@ -208,7 +208,7 @@ def test_deepseek_rotates_the_qk_rope_slice() -> None:
         (
             {"head_dim": 64, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},
             ValueError,
-            "rope_type='mrope' is not supported \\(multi-axis",
+            "this config describes M-RoPE \\(multi-axis positions",
         ),
         (
             {"head_dim": 64, "rope_scaling": {"rope_type": "fancy"}},
@@ -218,7 +218,7 @@ def test_deepseek_rotates_the_qk_rope_slice() -> None:
         (
             {"head_dim": 64, "rope_scaling": {"type": "linear"}},
             ValueError,
-            "need 'factor' for rope_type='linear'",
+            "rope_scaling needs 'factor'",
         ),
         ({"rope_theta": 1e4}, ValueError, "needs head_dim, or hidden_size and num_attention_heads"),
         (
@@ -241,3 +241,174 @@ def test_accepts_objects_with_to_dict() -> None:
             return dict(LLAMA3)
 
     assert anyrope.RoPE.from_hf_config(Config()).scaling == sc.Llama3(8.0, 1.0, 4.0, 8192)
+
+
+# --- model families (anyrope._families): pairing, width keys, layers -----------------------
+
+
+@pytest.mark.parametrize("model_type", ["cohere", "glm", "deepseek_v2", "helium", "ernie4_5", "llama4_text"])
+def test_interleaved_families(model_type: str) -> None:
+    config = {"model_type": model_type, "hidden_size": 512, "num_attention_heads": 4, "head_dim": 128}
+    assert anyrope.RoPE.from_hf_config(config).layout == "interleaved"
+
+
+def test_gptj_reads_its_own_key_names() -> None:
+    config = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64, "n_positions": 2048}
+    rope = anyrope.RoPE.from_hf_config(config)
+    assert (rope.head_dim, rope.rotary_dim, rope.layout, rope.max_position) == (256, 64, "interleaved", 2048)
+
+
+def test_llama_style_families_rotate_the_whole_head() -> None:
+    # transformers' Llama rotary ignores partial_rotary_factor for its default rope type
+    config = {"model_type": "llama", "head_dim": 64, "partial_rotary_factor": 0.5}
+    assert anyrope.RoPE.from_hf_config(config).rotary_dim == 64
+    assert anyrope.RoPE.from_hf_config({**config, "model_type": "phi"}).rotary_dim == 32
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "qwen2_vl_text", "head_dim": 128},  # transformers drops "mrope": the family says it
+        {"head_dim": 128, "rope_parameters": {"rope_type": "default", "mrope_section": [16, 24, 24]}},
+        {
+            "model_type": "qwen2_vl",
+            "text_config": {"model_type": "qwen2_vl_text", "hidden_size": 512, "num_attention_heads": 4},
+        },
+    ],
+)
+def test_multi_axis_configs_are_refused_by_name(config: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="M-RoPE"):
+        anyrope.RoPE.from_hf_config(config)
+    with pytest.raises(ValueError, match="interleaved M-RoPE"):
+        anyrope.RoPE.from_hf_config({"model_type": "qwen3_vl_text", "head_dim": 128})
+
+
+def test_families_anyrope_cannot_express_say_why() -> None:
+    with pytest.raises(ValueError, match="'nanochat' models yet: it rotates clockwise"):
+        anyrope.RoPE.from_hf_config({"model_type": "nanochat", "head_dim": 64})
+
+
+def test_layers_without_rotary() -> None:
+    smol = {"model_type": "smollm3", "head_dim": 64, "num_hidden_layers": 8, "rope_theta": 2e6}
+    assert [r is not None for r in anyrope.RoPE.layers_from_hf_config(smol)] == [True, True, True, False] * 2
+    with pytest.raises(ValueError, match="layer 3 of this smollm3 config has no rotary embedding"):
+        anyrope.RoPE.from_hf_config(smol, layer=3)
+    cohere2 = {
+        "model_type": "cohere2", "head_dim": 64, "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    }  # fmt: skip
+    assert [r is not None for r in anyrope.RoPE.layers_from_hf_config(cohere2)] == [True, True, True, False]
+    assert anyrope.RoPE.from_hf_config(cohere2, layer=0).layout == "interleaved"
+    exaone = {**cohere2, "model_type": "exaone4"}
+    assert [r is not None for r in anyrope.RoPE.layers_from_hf_config(exaone)] == [True] * 4
+    windowed = [r is not None for r in anyrope.RoPE.layers_from_hf_config({**exaone, "sliding_window": 128})]
+    assert windowed == [True, True, True, False]
+    granite = {
+        "model_type": "granite_swa",
+        "head_dim": 64,
+        "num_hidden_layers": 3,
+        "layer_rope_theta": [1e4, 0, 5e5],
+    }
+    ropes = anyrope.RoPE.layers_from_hf_config(granite)
+    assert ropes[1] is None
+    assert (ropes[0].base, ropes[2].base) == (1e4, 5e5)  # type: ignore[union-attr]
+    hybrid = {"head_dim": 64, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]}
+    assert [r is not None for r in anyrope.RoPE.layers_from_hf_config(hybrid)] == [False, True]
+
+
+def test_a_layer_takes_its_layer_types_parameters() -> None:
+    gemma = {
+        "model_type": "gemma3_text", "head_dim": 64, "num_hidden_layers": 2,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        },
+    }  # fmt: skip
+    ropes = anyrope.RoPE.layers_from_hf_config(gemma)
+    assert [(r.base, r.scaling) for r in ropes if r is not None] == [(10000.0, None), (1e6, sc.Linear(8.0))]
+    beam = {
+        **gemma,
+        "model_type": "beam",
+        "rope_parameters": {**gemma["rope_parameters"], "full_attention": None},
+    }
+    assert anyrope.RoPE.layers_from_hf_config(beam)[1] is None
+    with pytest.raises(ValueError, match="pass layer or layer_type, not both"):
+        anyrope.RoPE.from_hf_config(gemma, layer=0, layer_type="full_attention")
+
+
+# --- malformed configs: a clear error naming the key ---------------------------------------
+
+GOOD = {"hidden_size": 512, "num_attention_heads": 4, "max_position_embeddings": 4096, "rope_theta": 1e4}
+
+
+def _yarn(**extra: Any) -> dict[str, Any]:
+    return {**GOOD, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                                     **extra}}  # fmt: skip
+
+
+def _longrope(**extra: Any) -> dict[str, Any]:
+    pairs = 64
+    return {**GOOD, "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * pairs,
+                                     "long_factor": [2.0] * pairs, "original_max_position_embeddings": 1024,
+                                     **extra}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "match"),
+    [
+        ({**GOOD, "num_attention_heads": 0}, ValueError, "'num_attention_heads' is 0; it must be at least 1"),
+        ({**GOOD, "hidden_size": "512"}, TypeError, "'hidden_size' is '512'; it must be an int, not str"),
+        ({**GOOD, "head_dim": "64"}, TypeError, "'head_dim' is '64'; it must be an int"),
+        ({**GOOD, "head_dim": 64.5}, ValueError, "'head_dim' is 64.5; it must be a whole number"),
+        ({**GOOD, "rope_theta": "1e4"}, TypeError, "'rope_theta' is '1e4'; it must be a number"),
+        ({**GOOD, "rope_theta": None}, TypeError, "'rope_theta' is None; it must be a number"),
+        ({**GOOD, "rope_theta": float("nan")}, ValueError, "'rope_theta' is nan; it must be a finite number"),
+        ({**GOOD, "max_position_embeddings": "4096"}, TypeError, "'max_position_embeddings' is '4096'"),
+        (
+            {**GOOD, "rope_interleave": "false"},
+            TypeError,
+            "'rope_interleave' is 'false'; it must be true or false",
+        ),
+        (
+            {**GOOD, "hidden_size": 510},
+            ValueError,
+            "hidden_size=510 is not divisible by num_attention_heads=4",
+        ),
+        (
+            {**GOOD, "rope_scaling": {"type": "linear", "factor": True}},
+            TypeError,
+            "'factor' in rope_scaling is True",
+        ),
+        (
+            {**GOOD, "rope_scaling": {"type": "linear", "factor": "2"}},
+            TypeError,
+            "'factor' in rope_scaling is '2'",
+        ),
+        (_yarn(mscale=float("nan")), ValueError, "'mscale' in rope_scaling is nan"),
+        (_yarn(mscale_all_dim=-1.0), ValueError, "'mscale_all_dim' in rope_scaling is -1.0"),
+        (_yarn(attention_factor=-0.5), ValueError, "'attention_factor' in rope_scaling is -0.5"),
+        ({**_yarn(), "rope_theta": 1.0}, ValueError, "YaRN needs a base above 1"),
+        (_longrope(attention_factor=-1.0), ValueError, "'attention_factor' in rope_scaling is -1.0"),
+        (
+            _longrope(short_factor=[1.0] * 3),
+            ValueError,
+            "'short_factor' in rope_scaling has 3 entries; it needs 64",
+        ),
+        (
+            _longrope(long_factor="2.0" * 64),
+            TypeError,
+            "'long_factor' in rope_scaling must be a list of numbers",
+        ),
+        (_longrope(long_factor=["2"] * 64), TypeError, r"'long_factor' in rope_scaling\[0\] is '2'"),
+    ],
+)
+def test_malformed_configs_name_the_key(config: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        anyrope.RoPE.from_hf_config(config)
+
+
+def test_a_factor_below_one_warns_as_transformers_does() -> None:
+    with pytest.warns(UserWarning, match="factor=0.5 < 1 shrinks the context"):
+        rope = anyrope.RoPE.from_hf_config({**GOOD, "rope_scaling": {"type": "linear", "factor": 0.5}})
+    assert rope.scaling == sc.Linear(0.5)

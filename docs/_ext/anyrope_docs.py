@@ -107,12 +107,79 @@ def kernel_table() -> str:
     return "\n".join(lines)
 
 
+_WIDTH = {
+    "head": "whole head",
+    "partial": "`partial_rotary_factor`",
+    "rotary_dim": "`rotary_dim`",
+    "mla": "`qk_rope_head_dim` slice",
+}
+_NOPE = {
+    "sliding_only": "only sliding-attention layers rotate",
+    "sliding_when_windowed": "with a sliding window, only sliding layers rotate",
+    "no_rope_layers": "`no_rope_layers`",
+    "layer_rope_theta": "`layer_rope_theta` 0",
+    "none_entry": "`rope_parameters[type]` None",
+    "sliding_or_dense_prefix": "sliding layers and a dense prefix",
+    "full_with_theta": "only full-attention layers",
+    "position_embedding_type=rope": "only with `position_embedding_type: rope`",
+    "position_embedding_type=rotary": "only with `position_embedding_type: rotary`",
+    "use_mem_rope": "only with `use_mem_rope`",
+}
+
+
+def family_table() -> str:
+    """Every transformers model family that rotates, from anyrope's family data, with counts."""
+    from anyrope._families import FAMILIES
+
+    def status(f: Any) -> str:
+        if f.multi_axis:
+            return "M-RoPE: refused by name (not yet)"
+        if f.unsupported:
+            return f"refused: {f.unsupported}"
+        return "supported"
+
+    supported = [f for f in FAMILIES if status(f) == "supported"]
+    layouts = {
+        name: sum(f.layout == name and not f.layout_key for f in supported)
+        for name in ("half", "interleaved")
+    }
+    summary = (
+        f"{len(FAMILIES)} model families (transformers `model_type`s) rotate queries and keys; "
+        f"`from_hf_config` reads {len(supported)} of them exactly ({layouts['half']} half, "
+        f"{layouts['interleaved']} interleaved, {sum(bool(f.layout_key) for f in supported)} set by "
+        f"`rope_interleave`), refuses {sum(bool(f.multi_axis) for f in FAMILIES)} M-RoPE families by name "
+        f"and {sum(bool(f.unsupported) and not f.multi_axis for f in FAMILIES)} others with the reason."
+    )
+    lines = [
+        summary,
+        "",
+        "| `model_type` | kind | pairing | rotated width | layers | `from_hf_config` |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for f in FAMILIES:
+        pairing = f"`{f.layout_key}` (default interleaved)" if f.layout_key else f.layout
+        layers = ", ".join(
+            part
+            for part in (
+                "per layer type" if f.per_layer else "",
+                f"NoPE: {_NOPE[f.nope]}" if f.nope else "",
+            )
+            if part
+        )
+        kind = f.scope.replace("_", " ")
+        lines.append(
+            f"| `{f.model_type}` | {kind} | {pairing} | {_WIDTH[f.width]} | {layers or '-'} | {status(f)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _generate(app: Any) -> None:
     out = Path(app.srcdir) / "_generated"
     out.mkdir(exist_ok=True)
     _figures(out)
     _benchmark(out)
     (out / "backends.md").write_text(backend_matrix())
+    (out / "families.md").write_text(family_table())
 
 
 def setup(app: Any) -> dict[str, Any]:

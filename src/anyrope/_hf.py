@@ -1,43 +1,58 @@
-"""Reading a Hugging Face model config into a :class:`~anyrope.RoPE`.
+"""Reading a Hugging Face model config into the arguments of :class:`~anyrope.RoPE`.
 
 Follows transformers' own standardisation (``RotaryEmbeddingConfigMixin``): ``rope_scaling`` (old)
 wins over ``rope_parameters`` (v5); ``rope_theta`` and ``partial_rotary_factor`` may sit at the top
 level or inside; ``original_max_position_embeddings`` at the top level (Phi-3) wins for the
-methods that use it; "type" is the old spelling of "rope_type".
+methods that use it; "type" is the old spelling of "rope_type". What differs between model
+families (pairing, the rotated width's key, multi-axis positions) comes from
+:mod:`anyrope._families`; every value read is checked (:mod:`anyrope._config`).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from . import scaling as sc
+from ._config import MISSING, ConfigReader
+from ._families import GENERIC, Family, family_of
 
-__all__ = ["SUPPORTED_TYPES", "parse_hf_config"]
+__all__ = ["SUPPORTED_TYPES", "layer_count", "layer_rotation", "parse_hf_config", "text_config"]
 
-# Model types whose transformers config defaults rope_interleave to True when config.json omits it.
-_INTERLEAVED_BY_DEFAULT = ("axk1", "deepseek_v3", "glm4_moe_lite", "mistral4", "youtu")
 SUPPORTED_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 _USES_ORIGINAL = ("llama3", "yarn", "longrope")
+_MULTI_AXIS = ("mrope", "3d", "mrope_interleaved")
 
 
-def _as_dict(config: Any) -> dict[str, Any]:
-    if isinstance(config, Mapping):
-        return dict(config)
-    to_dict = getattr(config, "to_dict", None)
-    if callable(to_dict):  # a transformers PretrainedConfig
-        return dict(to_dict())
-    raise TypeError(
-        f"config must be a config.json dict or a transformers config object, not {type(config).__name__}"
-    )
+def text_config(config: Any) -> ConfigReader:
+    """The config of the text model: a multimodal config's ``text_config``, else the config."""
+    get_text_config = getattr(config, "get_text_config", None)
+    if callable(get_text_config) and not isinstance(config, dict):
+        return ConfigReader(get_text_config())
+    reader = ConfigReader(config)
+    nested = reader.sub("text_config")
+    if nested is not None and not any(
+        reader.has(k) for k in ("head_dim", "hidden_size", "n_embd", "d_model")
+    ):
+        return nested
+    return reader
 
 
-def _rope_parameters(cfg: dict[str, Any], layer_type: str | None) -> dict[str, Any]:
-    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+def _rope_parameters(cfg: ConfigReader, layer_type: str | None) -> ConfigReader:
+    where = "rope_scaling"
+    params = cfg.get("rope_scaling")
+    if params is MISSING or params is None or (isinstance(params, Mapping) and not params):
+        where, params = "rope_parameters", cfg.get("rope_parameters")
+    if params is MISSING or params is None:
+        params = {}
     if not isinstance(params, Mapping):
-        raise TypeError(f"rope_scaling / rope_parameters must be a dict, got {type(params).__name__}")
-    nested = [key for key, value in params.items() if isinstance(value, Mapping)]
+        raise TypeError(f"the config's {where} must be a dict, got {type(params).__name__}")
+    reader = ConfigReader(params, where=where)
+    values = {key: reader.get(key) for key in reader.names()}
+    nested = [key for key, value in values.items() if isinstance(value, Mapping)]
     if nested:
+        nested += [key for key, value in values.items() if value is None]  # layer types without RoPE
         if layer_type is None:
             raise ValueError(
                 f"this config has RoPE parameters per layer type ({', '.join(nested)}); pass "
@@ -47,109 +62,301 @@ def _rope_parameters(cfg: dict[str, Any], layer_type: str | None) -> dict[str, A
             raise ValueError(
                 f"layer_type={layer_type!r} is not in this config; choose one of {', '.join(nested)}"
             )
-        return dict(params[layer_type])
+        if values[layer_type] is None:
+            raise ValueError(
+                f"layer type {layer_type!r} of this config has no rotary embedding (its entry is None)"
+            )
+        return ConfigReader(values[layer_type], where=f"rope_parameters[{layer_type!r}]")
     if layer_type is not None:
         raise ValueError(
             f"layer_type={layer_type!r} was given but this config has one set of RoPE parameters"
         )
-    return dict(params)
+    return reader
 
 
-def _interleaved(cfg: Mapping[str, Any]) -> bool:
-    flag = cfg.get("rope_interleave")
-    return bool(flag) if flag is not None else cfg.get("model_type") in _INTERLEAVED_BY_DEFAULT
-
-
-def _required(params: Mapping[str, Any], key: str, rope_type: str, kind: type = float) -> Any:
-    value = params.get(key)
-    if value is None:
-        raise ValueError(f"the config's RoPE parameters need {key!r} for rope_type={rope_type!r}")
-    return kind(value)
-
-
-def parse_hf_config(config: Any, *, layer_type: str | None = None) -> dict[str, Any]:
-    """The keyword arguments of :class:`~anyrope.RoPE` that ``config`` describes."""
-    cfg = _as_dict(config)
-    params = _rope_parameters(cfg, layer_type)
-    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+def _rope_type(cfg: ConfigReader, params: ConfigReader, family: Family) -> str:
+    rope_type = params.get("rope_type", MISSING)
+    if rope_type is MISSING:
+        rope_type = params.get("type", "default")
+    rope_type = rope_type or "default"
+    if not isinstance(rope_type, str):
+        raise TypeError(f"{params.where}'s rope_type is {rope_type!r}; it must be a string such as 'yarn'")
     if rope_type == "su" or (rope_type == "yarn" and cfg.get("model_type") == "phi3"):
         rope_type = "longrope"  # Phi-3's legacy names, as transformers maps them
-    if rope_type not in SUPPORTED_TYPES:
-        hint = " (multi-axis M-RoPE is not supported yet)" if rope_type == "mrope" else ""
+    # transformers rewrites "mrope" to "default" and keeps the sections: the family or the
+    # sections say that positions come in several axes.
+    if rope_type in _MULTI_AXIS or family.multi_axis or params.has("mrope_section"):
+        interleaved = family.multi_axis == "interleaved" or params.get("mrope_interleaved") is True
         raise ValueError(
-            f"rope_type={rope_type!r} is not supported{hint}; anyrope reads {', '.join(SUPPORTED_TYPES)}"
+            f"this config describes {'interleaved ' if interleaved else ''}M-RoPE (multi-axis positions: time, "
+            "height, width), which anyrope does not support yet; plain RoPE would rotate image tokens wrongly"
+        )
+    if family.unsupported is not None:
+        raise ValueError(
+            f"anyrope cannot express the rotation of {family.model_type!r} models yet: {family.unsupported}"
+        )
+    if rope_type not in SUPPORTED_TYPES:
+        raise ValueError(
+            f"rope_type={rope_type!r} is not supported; anyrope reads {', '.join(SUPPORTED_TYPES)}"
+        )
+    return rope_type
+
+
+def _head_dim(cfg: ConfigReader, family: Family) -> int:
+    # DeepSeek's multi-head latent attention rotates only a qk_rope_head_dim slice of each head.
+    mla = family.width == "mla" or (family is GENERIC and cfg.get("qk_rope_head_dim") not in (MISSING, None))
+    for key in ("qk_rope_head_dim", "head_dim") if mla else ("head_dim",):
+        found = cfg.integer(key, None)
+        if found is not None:
+            return int(found)
+    hidden = cfg.integer("hidden_size", None)
+    heads = cfg.integer("num_attention_heads", None)
+    if hidden is None or heads is None:
+        raise ValueError("the config needs head_dim, or hidden_size and num_attention_heads")
+    if hidden % heads:
+        raise ValueError(
+            f"the config's hidden_size={hidden} is not divisible by num_attention_heads={heads}; give head_dim"
+        )
+    return int(hidden // heads)
+
+
+def _rotary_dim(cfg: ConfigReader, params: ConfigReader, head_dim: int, family: Family) -> tuple[int, float]:
+    """The rotated width and the partial factor it came from."""
+    if family.width == "rotary_dim" and cfg.get("rotary_dim") is not None:
+        width = cfg.integer("rotary_dim")
+        if width > head_dim:
+            raise ValueError(f"the config's 'rotary_dim' is {width}; it must be at most head_dim={head_dim}")
+        return width, width / head_dim
+    partial = 1.0
+    for reader, key in (
+        (params, "partial_rotary_factor"),
+        (cfg, "partial_rotary_factor"),
+        (cfg, "rotary_pct"),
+    ):
+        value = reader.get(key)
+        if value is not MISSING and value is not None:
+            partial = reader.number(key)
+            break
+    if partial > 1:
+        raise ValueError(f"the config's partial rotary factor is {partial}; it must be at most 1")
+    if family.width in ("head", "mla"):  # Llama-style rotary: the whole head (or slice) turns
+        return head_dim, partial
+    return int(head_dim * partial), partial
+
+
+def _base(cfg: ConfigReader, params: ConfigReader, family: Family) -> float:
+    for reader, key in ((params, "rope_theta"), (cfg, "rope_theta"), (cfg, "rotary_emb_base")):
+        if reader.get(key) is not MISSING:
+            return float(reader.number(key))
+    if family.base is None:
+        raise ValueError(
+            f"this {family.model_type} config needs rope_theta (its default differs by layer type)"
+        )
+    return family.base
+
+
+def _layout(cfg: ConfigReader, family: Family) -> str:
+    if family.layout_key is not None:
+        return "interleaved" if cfg.boolean(family.layout_key, family.layout_default) else "half"
+    return family.layout
+
+
+def _warn_factor(factor: float, rope_type: str) -> None:
+    if factor < 1:  # transformers warns and goes on; so do we
+        warnings.warn(
+            f"rope_type={rope_type!r} with factor={factor} < 1 shrinks the context rather than extending it",
+            stacklevel=4,
         )
 
-    # DeepSeek's multi-head latent attention rotates only a qk_rope_head_dim slice of each head.
-    head_dim = cfg.get("qk_rope_head_dim") or cfg.get("head_dim")
-    if not head_dim:
-        try:
-            head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
-        except KeyError:
-            raise ValueError("the config needs head_dim, or hidden_size and num_attention_heads") from None
-    # GPT-NeoX-era configs spell these rotary_emb_base and rotary_pct.
-    base = float(params.get("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0))))
-    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", cfg.get("rotary_pct")))
-    partial = float(partial) if partial else 1.0
-    max_position = cfg.get("max_position_embeddings")
-    original = 0  # read only by the methods that set it below
+
+def _scaling(
+    rope_type: str, cfg: ConfigReader, params: ConfigReader, rotary_dim: int, base: float, partial: float
+) -> sc.Scaling | None:
+    max_position = cfg.integer("max_position_embeddings", None)
+    original = 0
     if rope_type in _USES_ORIGINAL:
-        found = cfg.get("original_max_position_embeddings") or params.get(
-            "original_max_position_embeddings", max_position
-        )
+        found = cfg.integer("original_max_position_embeddings", None)
+        if found is None:
+            found = params.integer("original_max_position_embeddings", max_position)
         if found is None:
             raise ValueError(
                 f"rope_type={rope_type!r} needs original_max_position_embeddings or max_position_embeddings"
             )
         original = int(found)
-
-    rotary_dim = int(head_dim * partial)
-    method: sc.Scaling | None = None
     if rope_type == "linear":
-        method = sc.Linear(_required(params, "factor", rope_type))
-    elif rope_type == "dynamic":
+        factor = params.number("factor")
+        _warn_factor(factor, rope_type)
+        return sc.Linear(factor)
+    if rope_type == "dynamic":
         if max_position is None:
             raise ValueError("rope_type='dynamic' needs max_position_embeddings (the original context)")
-        method = sc.DynamicNTK(_required(params, "factor", rope_type), int(max_position))
-    elif rope_type == "yarn":
-        factor = params.get("factor")
-        if factor is None:
+        factor = params.number("factor")
+        _warn_factor(factor, rope_type)
+        return sc.DynamicNTK(factor, max_position)
+    if rope_type == "yarn":
+        if base <= 1:
+            raise ValueError(
+                f"the config's rope_theta is {base}; YaRN needs a base above 1 (it divides by log(base))"
+            )
+        if params.get("factor", None) is None:
             if max_position is None:
                 raise ValueError("rope_type='yarn' needs factor or max_position_embeddings")
             factor = max_position / original
-        method = sc.YaRN(
-            float(factor),
+        else:
+            factor = params.number("factor")
+        _warn_factor(factor, rope_type)
+        return sc.YaRN(
+            factor,
             original,
-            beta_fast=float(params.get("beta_fast") or 32),
-            beta_slow=float(params.get("beta_slow") or 1),
-            mscale=params.get("mscale"),
-            mscale_all_dim=params.get("mscale_all_dim"),
-            attention_factor=params.get("attention_factor"),
-            truncate=bool(params.get("truncate", True)),
+            beta_fast=params.number("beta_fast", 32.0, allow_none=True),
+            beta_slow=params.number("beta_slow", 1.0, allow_none=True),
+            mscale=params.number("mscale", None, strict=False, allow_none=True),
+            mscale_all_dim=params.number("mscale_all_dim", None, strict=False, allow_none=True),
+            attention_factor=params.number("attention_factor", None, allow_none=True),
+            truncate=params.boolean("truncate", True),
         )
-    elif rope_type == "longrope":
-        method = sc.LongRoPE(
-            _required(params, "short_factor", rope_type, list),
-            _required(params, "long_factor", rope_type, list),
+    if rope_type == "longrope":
+        factor = params.number("factor", None, allow_none=True)
+        if factor is not None:
+            _warn_factor(factor, rope_type)
+        return sc.LongRoPE(
+            params.numbers("short_factor", rotary_dim // 2),
+            params.numbers("long_factor", rotary_dim // 2),
             original,
-            factor=params.get("factor"),
-            attention_factor=params.get("attention_factor"),
+            factor=factor,
+            attention_factor=params.number("attention_factor", None, allow_none=True),
         )
-    elif rope_type == "llama3":
-        method = sc.Llama3(
-            _required(params, "factor", rope_type),
-            _required(params, "low_freq_factor", rope_type),
-            _required(params, "high_freq_factor", rope_type),
-            original,
+    if rope_type == "llama3":
+        factor = params.number("factor")
+        _warn_factor(factor, rope_type)
+        return sc.Llama3(
+            factor, params.number("low_freq_factor"), params.number("high_freq_factor"), original
         )
-    elif rope_type == "proportional":
-        method = sc.Proportional(partial, float(params.get("factor", 1.0)))
-        rotary_dim = int(head_dim)
+    if rope_type == "proportional":
+        return sc.Proportional(partial, params.number("factor", 1.0))
+    return None
+
+
+_NO_ATTENTION = frozenset({"linear_attention", "mamba", "mamba2", "conv", "recurrent"})
+_WHOLE_CONFIG = {  # rules under which either every layer rotates or none does
+    "position_embedding_type=rope": ("position_embedding_type", "rope"),
+    "position_embedding_type=rotary": ("position_embedding_type", "rotary"),
+    "use_mem_rope": ("use_mem_rope", True),
+}
+
+
+def _whole_config_rotates(cfg: ConfigReader, family: Family) -> None:
+    rule = _WHOLE_CONFIG.get(family.nope or "")
+    if rule is not None and cfg.get(rule[0]) != rule[1]:
+        raise ValueError(
+            f"this {family.model_type} config uses no rotary embedding ({rule[0]}={cfg.get(rule[0], None)!r}, "
+            f"not {rule[1]!r})"
+        )
+
+
+def layer_rotation(cfg: ConfigReader, family: Family, layer: int) -> tuple[str | None, float | None]:
+    """Layer ``layer``'s layer type (``layer_types[layer]``) and a theta of its own, where it has
+    them; a ValueError saying why where that layer does not rotate."""
+    count = cfg.integer("num_hidden_layers", None)
+    if count is not None and layer >= count:
+        raise ValueError(f"layer={layer} is out of range: this config has {count} layers")
+    types = cfg.get("layer_types")
+    kind = types[layer] if isinstance(types, (list, tuple)) and layer < len(types) else None
+
+    def nope(why: str) -> ValueError:
+        return ValueError(
+            f"layer {layer} of this {family.model_type or 'model'} config has no rotary embedding: {why}"
+        )
+
+    if kind in _NO_ATTENTION:
+        raise nope(f"it is a {kind} layer, without attention")
+    rule, theta = family.nope, None
+    if rule == "sliding_only" and kind != "sliding_attention":
+        raise nope("only its sliding-attention layers rotate")
+    windowed = cfg.get("sliding_window", None) is not None
+    if rule == "sliding_when_windowed" and windowed and kind != "sliding_attention":
+        raise nope("with a sliding window set, only its sliding-attention layers rotate")
+    if rule == "no_rope_layers":
+        flags = cfg.get("no_rope_layers")
+        if isinstance(flags, (list, tuple)) and layer < len(flags):
+            rotates = bool(flags[layer])
+        else:  # transformers' default: every no_rope_layer_interval-th layer is NoPE
+            rotates = (layer + 1) % cfg.integer("no_rope_layer_interval", 4) != 0
+        if not rotates:
+            raise nope("no_rope_layers marks it NoPE")
+    if rule == "layer_rope_theta":
+        thetas = cfg.get("layer_rope_theta")
+        if not isinstance(thetas, (list, tuple)) or layer >= len(thetas):
+            raise ValueError(f"this {family.model_type} config needs layer_rope_theta, one theta per layer")
+        if not thetas[layer]:
+            raise nope("its layer_rope_theta is 0")
+        theta = ConfigReader({"layer_rope_theta": thetas[layer]}).number("layer_rope_theta")
+    if rule == "sliding_or_dense_prefix":
+        mlp = cfg.get("mlp_layer_types")
+        dense = isinstance(mlp, (list, tuple)) and layer < len(mlp) and mlp[layer] == "dense"
+        if kind != "sliding_attention" and not (
+            dense and cfg.get("prefix_dense_sliding_window_pattern") == 1
+        ):
+            raise nope("only its sliding-attention layers (and a dense prefix, where configured) rotate")
+    if rule == "full_with_theta" and kind != "full_attention":
+        raise nope("only its full-attention layers rotate")
+    return kind, theta
+
+
+def parse_hf_config(
+    config: Any, *, layer_type: str | None = None, layer: int | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of :class:`~anyrope.RoPE` that ``config`` describes (for layer
+    ``layer``, or for the layers of type ``layer_type``)."""
+    cfg = text_config(config)
+    model_type = cfg.get("model_type")
+    family = family_of(model_type if isinstance(model_type, str) else None)
+    cfg = ConfigReader(cfg.source, aliases=family.aliases)
+    _whole_config_rotates(cfg, family)
+    theta = None
+    if layer is not None:
+        if layer_type is not None:
+            raise ValueError("pass layer or layer_type, not both (a layer's type comes from the config)")
+        kind, theta = layer_rotation(cfg, family, layer)
+        if _nested(cfg):
+            layer_type = kind
+    params = _rope_parameters(cfg, layer_type)
+    rope_type = _rope_type(cfg, params, family)
+    head_dim = _head_dim(cfg, family)
+    if head_dim % 2:
+        raise ValueError(f"the config's head dimension is {head_dim}; RoPE needs an even one")
+    rotary_dim, partial = _rotary_dim(cfg, params, head_dim, family)
+    base = theta if theta is not None else _base(cfg, params, family)
+    method = _scaling(rope_type, cfg, params, rotary_dim, base, partial)
+    max_position = cfg.integer("max_position_embeddings", None)
+    if rope_type == "proportional":
+        rotary_dim = head_dim
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(
+            f"the config rotates {rotary_dim} of {head_dim} features; RoPE needs a positive even number"
+        )
     return {
-        "layout": "interleaved" if _interleaved(cfg) else "half",
-        "head_dim": int(head_dim),
+        "layout": _layout(cfg, family),
+        "head_dim": head_dim,
         "base": base,
         "rotary_dim": rotary_dim,
         "scaling": method,
-        "max_position": int(max_position) if max_position else None,
+        "max_position": max_position,
     }
+
+
+def _nested(cfg: ConfigReader) -> bool:
+    """Whether the RoPE parameters are nested by layer type."""
+    for key in ("rope_scaling", "rope_parameters"):
+        value = cfg.get(key)
+        if isinstance(value, Mapping) and value:
+            return any(isinstance(v, Mapping) for v in value.values())
+    return False
+
+
+def layer_count(config: Any) -> int:
+    """``num_hidden_layers`` of the config's text model."""
+    cfg = text_config(config)
+    model_type = cfg.get("model_type")
+    family = family_of(model_type if isinstance(model_type, str) else None)
+    return int(ConfigReader(cfg.source, aliases=family.aliases).integer("num_hidden_layers"))

@@ -84,28 +84,45 @@ class RoPE:
         self._spectrum = Spectrum(self._scaling, rotary_dim, self._base, max_position, None)
 
     @classmethod
-    def from_hf_config(cls, config: Any, *, layout: str | None = None, layer_type: str | None = None) -> RoPE:
+    def from_hf_config(
+        cls,
+        config: Any,
+        *,
+        layout: str | None = None,
+        layer_type: str | None = None,
+        layer: int | None = None,
+    ) -> RoPE:
         """The RoPE a Hugging Face model was trained with, from its config.
+
+        The model family (``model_type``) says how it pairs features, which key sets the rotated
+        width, and which layers rotate at all: anyrope knows every transformers family that
+        rotates (see the model-family table in the docs) and reads the rest the way Llama does.
 
         Parameters
         ----------
         config : dict or transformers config
-            A ``config.json`` as a dict, or a ``transformers.PretrainedConfig``. Read:
-            ``qk_rope_head_dim`` (DeepSeek) or ``head_dim`` (or ``hidden_size / num_attention_heads``),
-            ``partial_rotary_factor``, ``rope_theta``,
+            A ``config.json`` as a dict, or a ``transformers.PretrainedConfig`` (read through its
+            attributes, so aliases such as GPT-J's ``n_embd`` resolve); a multimodal config's
+            ``text_config`` is read. Read: the head width (``head_dim``, ``hidden_size /
+            num_attention_heads``, DeepSeek's ``qk_rope_head_dim``), the rotated width
+            (``partial_rotary_factor``, ``rotary_pct``, GPT-J's ``rotary_dim``), ``rope_theta``,
             ``rope_scaling`` (old, with ``type`` or ``rope_type``) or ``rope_parameters`` (v5),
-            ``max_position_embeddings`` and a top-level ``original_max_position_embeddings``.
+            ``max_position_embeddings``, ``original_max_position_embeddings``, ``rope_interleave``.
         layout : str, optional
-            transformers' models rotate in the "half" layout, which is the default unless the
-            config sets ``rope_interleave`` (DeepSeek); say "interleaved" for a checkpoint kept
-            in Meta's layout.
+            Override the family's pairing, e.g. "interleaved" for a checkpoint kept in Meta's layout.
         layer_type : str, optional
-            For configs with RoPE parameters per layer type (e.g. "full_attention").
+            For configs with RoPE parameters per layer type (Gemma 3's "sliding_attention" and
+            "full_attention").
+        layer : int, optional
+            The RoPE of one layer (its type and theta taken from the config); a ValueError says so
+            where that layer does not rotate (Llama 4's and SmolLM3's NoPE layers, Cohere 2's
+            global layers, ...). :meth:`layers_from_hf_config` lists every layer.
 
         Raises
         ------
-        ValueError
-            For a ``rope_type`` anyrope does not implement, naming it.
+        ValueError, TypeError
+            For a malformed value, naming its key; for a ``rope_type`` or a family anyrope does
+            not implement (M-RoPE among them), naming it.
 
         Examples
         --------
@@ -117,13 +134,40 @@ class RoPE:
         ...                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})
         >>> rope.head_dim, rope.base, type(rope.scaling).__name__
         (128, 500000.0, 'Llama3')
+        >>> anyrope.RoPE.from_hf_config({"model_type": "cohere", "hidden_size": 256,
+        ...                              "num_attention_heads": 4}).layout
+        'interleaved'
         """
         from ._hf import parse_hf_config
 
-        kwargs = parse_hf_config(config, layer_type=layer_type)
+        kwargs = parse_hf_config(config, layer_type=layer_type, layer=layer)
         if layout is not None:
             kwargs["layout"] = layout
         return cls(**kwargs)
+
+    @classmethod
+    def layers_from_hf_config(cls, config: Any, *, layout: str | None = None) -> list[RoPE | None]:
+        """One entry per layer of the model (``num_hidden_layers``): its RoPE, or None where the
+        layer does not rotate (NoPE layers, and layers without attention in hybrid models).
+
+        >>> import anyrope
+        >>> ropes = anyrope.RoPE.layers_from_hf_config({
+        ...     "model_type": "smollm3", "hidden_size": 256, "num_attention_heads": 4,
+        ...     "num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 0], "rope_theta": 2e6})
+        >>> [rope is not None for rope in ropes]
+        [True, True, True, False]
+        """
+        from ._hf import layer_count
+
+        layers: list[RoPE | None] = []
+        for index in range(layer_count(config)):
+            try:
+                layers.append(cls.from_hf_config(config, layout=layout, layer=index))
+            except ValueError as exc:
+                if "has no rotary embedding" not in str(exc):
+                    raise
+                layers.append(None)
+        return layers
 
     head_dim = property(lambda self: self._head_dim, doc="Features per head.")
     rotary_dim = property(lambda self: self._rotary_dim, doc="Rotated features per head.")

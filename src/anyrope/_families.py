@@ -1,0 +1,327 @@
+"""What differs between transformers' model families in how they rotate: data, in one place.
+
+One record per transformers ``model_type`` (transformers 5.23) whose modeling code applies
+rotary embeddings to the queries and keys of a token sequence: how it pairs features, which
+config key sets the rotated width, its default base, whether positions come in several axes
+(M-RoPE), which layers rotate at all, and what anyrope cannot express yet. It was gathered by
+reading each family's modeling code and running its rotary functions on one-hot inputs; the
+``peers`` test session checks it against transformers. :func:`anyrope._hf.parse_hf_config`
+reads it, and the docs' model-family table is generated from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._layout import Layout
+
+__all__ = ["FAMILIES", "GENERIC", "Family", "family_of"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model family rotates.
+
+    ``layout``: the pairing; where ``layout_key`` names a config flag, the flag chooses
+    "interleaved" (true, also its default ``layout_default``) or "half". ``width``: "head" (the
+    whole head rotates; transformers' Llama-style rotary ignores ``partial_rotary_factor``),
+    "partial" (the first ``int(head_dim * partial_rotary_factor)`` features), "rotary_dim" (an
+    absolute ``rotary_dim`` key, GPT-J and CodeGen) or "mla" (DeepSeek's multi-head latent
+    attention: the ``qk_rope_head_dim`` slice). ``base``: the family's default theta (None where
+    it differs by layer type). ``multi_axis``: M-RoPE, "contiguous" or "interleaved" sections
+    (or "custom"). ``nope``: the rule that says which layers do not rotate (see
+    :func:`anyrope._hf.layer_rotation`). ``per_layer``: RoPE parameters nested by layer type.
+    ``unsupported``: why anyrope cannot express the family's rotation yet. ``aliases``: config
+    keys under another name (transformers' ``attribute_map``). ``scope``: what kind of model.
+    """
+
+    model_type: str
+    layout: Layout = "half"
+    layout_key: str | None = None
+    layout_default: bool = True
+    width: str = "head"
+    base: float | None = 10000.0
+    multi_axis: str | None = None
+    nope: str | None = None
+    per_layer: bool = False
+    unsupported: str | None = None
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    scope: str = "text_decoder"
+
+
+def F(model_type: str, layout: Layout = "half", **fields: Any) -> Family:
+    return Family(model_type, layout, **fields)
+
+
+#: The reading for a config whose family is unknown (or a dict without model_type): half pairs
+#: unless ``rope_interleave`` says otherwise, ``partial_rotary_factor`` or ``rotary_pct`` read,
+#: and a ``qk_rope_head_dim`` slice where the config has one.
+GENERIC = Family("", layout_key="rope_interleave", layout_default=False, width="partial", base=10000.0)
+
+_MODEL_MAX_LENGTH = {"max_position_embeddings": "model_max_length"}
+_BLOCK_TYPES = {"layer_types": "layers_block_type"}
+_GPT2_NAMES = {
+    "hidden_size": "n_embd",
+    "max_position_embeddings": "n_positions",
+    "num_attention_heads": "n_head",
+    "num_hidden_layers": "n_layer",
+}
+_MPT_NAMES = {
+    "hidden_size": "d_model",
+    "max_position_embeddings": "max_seq_len",
+    "num_attention_heads": "n_heads",
+    "num_hidden_layers": "n_layers",
+}
+_ROPE_HEAD_DIM = {"head_dim": "qk_rope_head_dim"}
+_KV_CHANNELS = {"head_dim": "kv_channels"}
+_DECODER_NAMES = {
+    "num_attention_heads": "decoder_num_attention_heads",
+    "num_hidden_layers": "decoder_num_hidden_layers",
+}
+_BLOCK_TYPES_AND_WINDOW = {"layer_types": "layers_block_type", "sliding_window": "attention_window_size"}
+_ATTENTION_HEAD_DIM = {"head_dim": "attention_head_dim", "layer_types": "layers_block_type"}
+
+FAMILIES = (
+    F("afmoe", nope="sliding_only"),
+    F("apertus", base=12000000.0),
+    F("arcee"),
+    F("aria_text", scope="text_decoder_of_multimodal"),
+    F("axk1", "interleaved", layout_key="rope_interleave", width="mla"),
+    F("axk2", "interleaved", width="mla"),
+    F("bailing_hybrid", "interleaved", width="mla", base=6000000.0, aliases=_MODEL_MAX_LENGTH),
+    F("bamba", width="partial", aliases=_BLOCK_TYPES),
+    F("beam", nope="none_entry", per_layer=True),
+    F("bitnet", base=500000.0),
+    F("blt_global_transformer", "interleaved", base=500000.0, scope="byte_lm"),
+    F("blt_local_decoder", "interleaved", base=500000.0, scope="byte_lm"),
+    F("blt_local_encoder", "interleaved", base=500000.0, scope="byte_lm"),
+    F("blt_patcher", "interleaved", scope="byte_lm"),
+    F("chameleon"),
+    F("clvp_encoder", width="partial", unsupported="rotates the values too", scope="text_encoder"),
+    F("codegen", "interleaved", width="rotary_dim", aliases=_GPT2_NAMES),
+    F("cohere", "interleaved", base=500000.0),
+    F("cohere2", "interleaved", nope="sliding_only"),
+    F("cohere2_moe", "interleaved", nope="sliding_or_dense_prefix"),
+    F(
+        "cohere_compass_text",
+        multi_axis="interleaved",
+        nope="none_entry",
+        per_layer=True,
+        scope="text_decoder_of_multimodal",
+    ),
+    F("cosmos3_edge_text", base=100000000.0, multi_axis="interleaved", scope="text_decoder_of_multimodal"),
+    F("csm", base=500000.0, scope="audio_token_lm"),
+    F("csm_depth_decoder_model", base=500000.0, scope="audio_token_lm"),
+    F("cwm", base=1000000.0),
+    F("dbrx", aliases=_MPT_NAMES),
+    F("deepseek_ocr2_text", scope="text_decoder_of_multimodal"),
+    F("deepseek_v2", "interleaved", width="mla"),
+    F("deepseek_v3", "interleaved", layout_key="rope_interleave", width="mla"),
+    F("deepseek_v32", "interleaved", width="mla"),
+    F(
+        "deepseek_v4",
+        "interleaved",
+        width="mla",
+        per_layer=True,
+        unsupported="rotates the values too and de-rotates the attention output",
+    ),
+    F("dia_decoder", scope="audio_token_lm"),
+    F("dia_encoder", scope="text_encoder"),
+    F("diffllama"),
+    F(
+        "diffusion_gemma_text",
+        per_layer=True,
+        unsupported="its full-attention layers have another head width (global_head_dim), not read yet",
+    ),
+    F("doge"),
+    F("dots1"),
+    F("dots3_note_text", "interleaved", width="mla", per_layer=True, scope="text_decoder_of_multimodal"),
+    F("embedding_gemma2_text", per_layer=True, scope="text_encoder"),
+    F("emu3_text_model", base=1000000.0, scope="text_decoder_of_multimodal"),
+    F("ernie4_5", "interleaved", base=500000.0),
+    F("ernie4_5_moe", "interleaved", base=500000.0),
+    F(
+        "ernie4_5_vl_moe_text",
+        "interleaved",
+        base=500000.0,
+        multi_axis="custom",
+        scope="text_decoder_of_multimodal",
+    ),
+    F("esm", nope="position_embedding_type=rotary", scope="protein_lm_encoder"),
+    F("esmc", scope="protein_lm_encoder"),
+    F("eurobert", scope="text_encoder"),
+    F("evolla", base=500000.0),
+    F("exaone4", nope="sliding_when_windowed"),
+    F("exaone_moe", nope="sliding_when_windowed"),
+    F("falcon"),
+    F("falcon_h1", aliases=_BLOCK_TYPES),
+    F("flex_olmo", base=500000.0),
+    F("flint", nope="sliding_only"),
+    F("gemma"),
+    F("gemma2"),
+    F("gemma3_text", per_layer=True),
+    F("gemma3n_text", per_layer=True),
+    F(
+        "gemma4_text",
+        per_layer=True,
+        unsupported="its full-attention layers have another head width (global_head_dim), not read yet",
+    ),
+    F(
+        "gemma4_unified_text",
+        per_layer=True,
+        unsupported="its full-attention layers have another head width (global_head_dim), not read yet",
+    ),
+    F("glm", "interleaved", width="partial"),
+    F("glm4", "interleaved", width="partial"),
+    F("glm4_moe", width="partial"),
+    F("glm4_moe_lite", "interleaved", layout_key="rope_interleave", width="mla", aliases=_ROPE_HEAD_DIM),
+    F("glm4v_moe_text", width="partial", multi_axis="contiguous", scope="text_decoder_of_multimodal"),
+    F(
+        "glm4v_text",
+        "interleaved",
+        width="partial",
+        multi_axis="contiguous",
+        scope="text_decoder_of_multimodal",
+    ),
+    F("glm_image_text", width="partial", multi_axis="contiguous", scope="text_decoder_of_multimodal"),
+    F("glm_moe_dsa", "interleaved", width="mla"),
+    F(
+        "glm_ocr_text",
+        "interleaved",
+        width="partial",
+        multi_axis="contiguous",
+        scope="text_decoder_of_multimodal",
+    ),
+    F("gpt_neox", width="partial"),
+    F("gpt_neox_japanese", width="partial"),
+    F("gpt_oss", base=150000.0),
+    F("gptj", "interleaved", width="rotary_dim", aliases=_GPT2_NAMES),
+    F("gradium_phonon_tts", scope="audio_token_lm"),
+    F("granite"),
+    F("granite4_vision_text", scope="text_decoder_of_multimodal"),
+    F("granite_docling_text", scope="text_decoder_of_multimodal"),
+    F("granite_swa", nope="layer_rope_theta", per_layer=True),
+    F("granitemoe"),
+    F("granitemoe_swa", nope="layer_rope_theta", per_layer=True),
+    F("granitemoehybrid", nope="position_embedding_type=rope"),
+    F("granitemoeshared"),
+    F("gte", base=160000.0, scope="text_encoder"),
+    F("helium", "interleaved", base=100000.0),
+    F("higgs_audio_v2", base=500000.0, scope="audio_token_lm"),
+    F("hrm_text"),
+    F("hunyuan_v1_dense"),
+    F("hunyuan_v1_moe"),
+    F("hunyuan_vl_text", multi_axis="custom", scope="text_decoder_of_multimodal"),
+    F("hy_v3", base=11158840.0),
+    F("hy_v4", width="mla"),
+    F("hyperclovax"),
+    F("idefics", scope="text_decoder_of_multimodal"),
+    F("internlm3"),
+    F("iquestcoder"),
+    F("jais2"),
+    F("jetmoe", aliases=_KV_CHANNELS),
+    F("jina_embeddings_v3", base=20000.0, scope="text_encoder"),
+    F("kolibri1", nope="sliding_when_windowed"),
+    F("kyutai_speech_to_text", scope="speech_text_decoder"),
+    F("laguna", width="partial", per_layer=True),
+    F("lfm2", base=1000000.0),
+    F("lfm2_moe", base=1000000.0),
+    F("lfm3", per_layer=True, unsupported="its full-attention layers have another head width, not read yet"),
+    F("llama"),
+    F("llama4_text", "interleaved", base=500000.0, nope="no_rope_layers", scope="text_decoder_of_multimodal"),
+    F("longcat_flash", "interleaved", width="mla", base=10000000.0),
+    F("mellum", width="partial", per_layer=True),
+    F("mimo_v2_flash", width="partial", per_layer=True),
+    F("minicpm3", width="mla"),
+    F("minimax", base=1000000.0),
+    F("minimax_m2", width="partial", base=5000000.0),
+    F("minimax_m3_vl_text", width="partial", base=5000000.0, scope="text_decoder_of_multimodal"),
+    F("ministral"),
+    F("ministral3", base=1000000.0),
+    F("mistral"),
+    F("mistral4", "interleaved", layout_key="rope_interleave", width="mla"),
+    F(
+        "mistral_large4_text",
+        "interleaved",
+        width="mla",
+        nope="no_rope_layers",
+        unsupported="its frequencies carry a learned scale, exp(alpha), stored in the checkpoint",
+        scope="text_decoder_of_multimodal",
+    ),
+    F("mixtral", base=1000000.0),
+    F("mllama_text_model", base=500000.0, scope="text_decoder_of_multimodal"),
+    F("modernbert", per_layer=True, scope="text_encoder"),
+    F("modernbert-decoder", per_layer=True),
+    F("molmo2_text", per_layer=True, scope="text_decoder_of_multimodal"),
+    F("moonshine", "interleaved", width="partial", aliases=_DECODER_NAMES, scope="speech_text_decoder"),
+    F("moonshine_streaming", "interleaved", width="partial", scope="speech_text_decoder"),
+    F("moshi", scope="audio_token_lm"),
+    F("muse_glimmer_assistant", base=500000.0),
+    F("muse_glimmer_text", nope="layer_rope_theta", scope="text_decoder_of_multimodal"),
+    F("muse_spark_text", base=500000.0, nope="layer_rope_theta", scope="text_decoder_of_multimodal"),
+    F("nanochat", unsupported="it rotates clockwise (sin negated), which anyrope has no switch for"),
+    F("nemotron", width="partial"),
+    F("neomme", width="partial", multi_axis="custom", per_layer=True, scope="multimodal_encoder"),
+    F("nomic_bert", base=1000.0, scope="text_encoder"),
+    F("olmo"),
+    F("olmo2"),
+    F("olmo3", per_layer=True),
+    F("olmo_hybrid", nope="full_with_theta"),
+    F("olmoe"),
+    F("openai_privacy_filter", "interleaved", base=150000.0, scope="text_encoder"),
+    F("paddleocr_vl_text", base=500000.0, multi_axis="contiguous", scope="text_decoder_of_multimodal"),
+    F("persimmon", width="partial"),
+    F("phi", width="partial"),
+    F("phi3", width="partial"),
+    F("phi4_multimodal", width="partial"),
+    F(
+        "phimoe",
+        base=1000000.0,
+        unsupported="its LongRoPE scales short and long attention by separate mscale factors",
+    ),
+    F("pocket_tts", scope="audio_token_lm"),
+    F("qwen2"),
+    F("qwen2_5_omni_talker", base=1000000.0, multi_axis="contiguous", scope="audio_token_lm"),
+    F("qwen2_5_omni_text", base=1000000.0, multi_axis="contiguous", scope="text_decoder_of_multimodal"),
+    F("qwen2_5_vl_text", base=1000000.0, multi_axis="contiguous", scope="text_decoder_of_multimodal"),
+    F("qwen2_moe"),
+    F("qwen2_vl_text", base=1000000.0, multi_axis="contiguous", scope="text_decoder_of_multimodal"),
+    F("qwen3"),
+    F("qwen3_5_moe_text", width="partial", multi_axis="interleaved", scope="text_decoder_of_multimodal"),
+    F("qwen3_5_text", width="partial", multi_axis="interleaved", scope="text_decoder_of_multimodal"),
+    F("qwen3_moe"),
+    F("qwen3_next", width="partial"),
+    F("qwen3_omni_moe_talker_code_predictor", scope="audio_token_lm"),
+    F("qwen3_omni_moe_talker_text", multi_axis="interleaved", scope="audio_token_lm"),
+    F("qwen3_omni_moe_text", base=1000000.0, multi_axis="interleaved", scope="text_decoder_of_multimodal"),
+    F("qwen3_vl_moe_text", base=500000.0, multi_axis="interleaved", scope="text_decoder_of_multimodal"),
+    F("qwen3_vl_text", base=500000.0, multi_axis="interleaved", scope="text_decoder_of_multimodal"),
+    F("qwen4_exp_text", width="partial", multi_axis="interleaved", scope="text_decoder_of_multimodal"),
+    F("recurrent_gemma", width="partial", aliases=_BLOCK_TYPES_AND_WINDOW),
+    F("roformer", "interleaved", scope="text_encoder"),
+    F("seed_oss"),
+    F("smollm3", base=2000000.0, nope="no_rope_layers"),
+    F("solar_open", base=1000000.0),
+    F("stablelm", width="partial"),
+    F("starcoder2"),
+    F("step3p5", width="partial", per_layer=True, scope="text_decoder_of_multimodal"),
+    F("t5_gemma_module", scope="text_encoder_decoder"),
+    F("t5gemma2_decoder", per_layer=True),
+    F("t5gemma2_text", per_layer=True, scope="text_encoder"),
+    F("ultrabert", per_layer=True, scope="text_encoder"),
+    F("unlimited_ocr_text", scope="text_decoder_of_multimodal"),
+    F("vaultgemma"),
+    F("voxtral_realtime_text", scope="speech_text_decoder"),
+    F("youtu", "interleaved", layout_key="rope_interleave", width="mla"),
+    F("zamba2", nope="use_mem_rope", aliases=_ATTENTION_HEAD_DIM),
+    F("zaya", width="partial", per_layer=True),
+)
+
+_BY_TYPE = {family.model_type: family for family in FAMILIES}
+
+
+def family_of(model_type: str | None) -> Family:
+    """The family record of ``model_type``, or :data:`GENERIC`."""
+    return _BY_TYPE.get(model_type or "", GENERIC)
