@@ -412,3 +412,40 @@ def test_a_factor_below_one_warns_as_transformers_does() -> None:
     with pytest.warns(UserWarning, match="factor=0.5 < 1 shrinks the context"):
         rope = anyrope.RoPE.from_hf_config({**GOOD, "rope_scaling": {"type": "linear", "factor": 0.5}})
     assert rope.scaling == sc.Linear(0.5)
+
+
+def test_hunyuan_alpha_raises_the_base_at_every_length() -> None:
+    """HunYuan labels a fixed NTK stretch "dynamic": with an alpha, base * alpha ** (d / (d - 2))."""
+    config = {
+        "model_type": "hunyuan_v1_dense",
+        "hidden_size": 1024,
+        "num_attention_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 2048,
+        "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0},
+    }
+    rope = anyrope.RoPE.from_hf_config(config)
+    assert rope.scaling is None
+    assert rope.base == pytest.approx(10000.0 * 1000.0 ** (128 / 126), rel=1e-15)
+    llama = anyrope.RoPE.from_hf_config({**config, "model_type": "llama"})  # Llama ignores alpha
+    assert llama.base == 10000.0
+    assert llama.scaling is not None
+    with pytest.raises(ValueError, match="alpha"):
+        anyrope.RoPE.from_hf_config(
+            {**config, "rope_parameters": {**config["rope_parameters"], "alpha": -1.0}}
+        )
+
+
+def test_rope_types_as_the_family_takes_them() -> None:
+    """GPT-J keeps a fixed sin/cos table (scaling is ignored); RecurrentGemma refuses scaling."""
+    linear = {"rope_type": "linear", "factor": 2.0}
+    gptj = {"model_type": "gptj", "n_embd": 256, "n_head": 4, "rotary_dim": 16, "rope_scaling": linear}
+    assert anyrope.RoPE.from_hf_config(gptj).scaling is None
+    gemma = {
+        "model_type": "recurrent_gemma",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "rope_scaling": linear,
+    }
+    with pytest.raises(ValueError, match="plain RoPE only and refuse rope_type='linear'"):
+        anyrope.RoPE.from_hf_config(gemma)

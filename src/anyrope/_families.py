@@ -35,6 +35,10 @@ class Family:
     :func:`anyrope._hf.layer_rotation`). ``per_layer``: RoPE parameters nested by layer type.
     ``unsupported``: why anyrope cannot express the family's rotation yet. ``aliases``: config
     keys under another name (transformers' ``attribute_map``). ``scope``: what kind of model.
+    ``ntk_alpha``: a "dynamic" rope_type with an ``alpha`` is HunYuan's fixed NTK base stretch.
+    ``rope_types``: "all" of transformers' rope types, "default" (the model refuses the others)
+    or "fixed" (a precomputed sin/cos table: the model ignores rope scaling). ``not_in_model``:
+    why the peers session cannot run the family in a tiny model of its own (None: it does).
     """
 
     model_type: str
@@ -49,6 +53,9 @@ class Family:
     unsupported: str | None = None
     aliases: Mapping[str, str] = field(default_factory=dict)
     scope: str = "text_decoder"
+    ntk_alpha: bool = False
+    rope_types: str = "all"
+    not_in_model: str | None = None
 
 
 def F(model_type: str, layout: Layout = "half", **fields: Any) -> Family:
@@ -99,8 +106,14 @@ FAMILIES = (
     F("blt_local_encoder", "interleaved", base=500000.0, scope="byte_lm"),
     F("blt_patcher", "interleaved", scope="byte_lm"),
     F("chameleon"),
-    F("clvp_encoder", width="partial", unsupported="rotates the values too", scope="text_encoder"),
-    F("codegen", "interleaved", width="rotary_dim", aliases=_GPT2_NAMES),
+    F(
+        "clvp_encoder",
+        width="partial",
+        unsupported="rotates the values too",
+        scope="text_encoder",
+        rope_types="fixed",
+    ),
+    F("codegen", "interleaved", width="rotary_dim", aliases=_GPT2_NAMES, rope_types="fixed"),
     F("cohere", "interleaved", base=500000.0),
     F("cohere2", "interleaved", nope="sliding_only"),
     F("cohere2_moe", "interleaved", nope="sliding_or_dense_prefix"),
@@ -138,7 +151,12 @@ FAMILIES = (
     F("doge"),
     F("dots1"),
     F("dots3_note_text", "interleaved", width="mla", per_layer=True, scope="text_decoder_of_multimodal"),
-    F("embedding_gemma2_text", per_layer=True, scope="text_encoder"),
+    F(
+        "embedding_gemma2_text",
+        per_layer=True,
+        unsupported="its full-attention layers have another head width (per_layer_config), not read yet",
+        scope="text_encoder",
+    ),
     F("emu3_text_model", base=1000000.0, scope="text_decoder_of_multimodal"),
     F("ernie4_5", "interleaved", base=500000.0),
     F("ernie4_5_moe", "interleaved", base=500000.0),
@@ -197,7 +215,7 @@ FAMILIES = (
     F("gpt_neox", width="partial"),
     F("gpt_neox_japanese", width="partial"),
     F("gpt_oss", base=150000.0),
-    F("gptj", "interleaved", width="rotary_dim", aliases=_GPT2_NAMES),
+    F("gptj", "interleaved", width="rotary_dim", aliases=_GPT2_NAMES, rope_types="fixed"),
     F("gradium_phonon_tts", scope="audio_token_lm"),
     F("granite"),
     F("granite4_vision_text", scope="text_decoder_of_multimodal"),
@@ -211,20 +229,28 @@ FAMILIES = (
     F("helium", "interleaved", base=100000.0),
     F("higgs_audio_v2", base=500000.0, scope="audio_token_lm"),
     F("hrm_text"),
-    F("hunyuan_v1_dense"),
-    F("hunyuan_v1_moe"),
+    F("hunyuan_v1_dense", ntk_alpha=True),
+    F("hunyuan_v1_moe", ntk_alpha=True),
     F("hunyuan_vl_text", multi_axis="custom", scope="text_decoder_of_multimodal"),
     F("hy_v3", base=11158840.0),
     F("hy_v4", width="mla"),
     F("hyperclovax"),
-    F("idefics", scope="text_decoder_of_multimodal"),
+    F(
+        "idefics",
+        scope="text_decoder_of_multimodal",
+        not_in_model="its decoder cross-attends to images: every forward needs pixel_values or image embeddings",
+    ),
     F("internlm3"),
     F("iquestcoder"),
     F("jais2"),
     F("jetmoe", aliases=_KV_CHANNELS),
     F("jina_embeddings_v3", base=20000.0, scope="text_encoder"),
     F("kolibri1", nope="sliding_when_windowed"),
-    F("kyutai_speech_to_text", scope="speech_text_decoder"),
+    F(
+        "kyutai_speech_to_text",
+        scope="speech_text_decoder",
+        not_in_model="its decoder reads a text token and the Mimi codec's audio codes per frame, and generates from audio",
+    ),
     F("laguna", width="partial", per_layer=True),
     F("lfm2", base=1000000.0),
     F("lfm2_moe", base=1000000.0),
@@ -258,7 +284,11 @@ FAMILIES = (
     F("moonshine", "interleaved", width="partial", aliases=_DECODER_NAMES, scope="speech_text_decoder"),
     F("moonshine_streaming", "interleaved", width="partial", scope="speech_text_decoder"),
     F("moshi", scope="audio_token_lm"),
-    F("muse_glimmer_assistant", base=500000.0),
+    F(
+        "muse_glimmer_assistant",
+        base=500000.0,
+        not_in_model="a drafting module: its forward needs the target model's hidden states, and takes no tokens",
+    ),
     F("muse_glimmer_text", nope="layer_rope_theta", scope="text_decoder_of_multimodal"),
     F("muse_spark_text", base=500000.0, nope="layer_rope_theta", scope="text_decoder_of_multimodal"),
     F("nanochat", unsupported="it rotates clockwise (sin negated), which anyrope has no switch for"),
@@ -299,8 +329,8 @@ FAMILIES = (
     F("qwen3_vl_moe_text", base=500000.0, multi_axis="interleaved", scope="text_decoder_of_multimodal"),
     F("qwen3_vl_text", base=500000.0, multi_axis="interleaved", scope="text_decoder_of_multimodal"),
     F("qwen4_exp_text", width="partial", multi_axis="interleaved", scope="text_decoder_of_multimodal"),
-    F("recurrent_gemma", width="partial", aliases=_BLOCK_TYPES_AND_WINDOW),
-    F("roformer", "interleaved", scope="text_encoder"),
+    F("recurrent_gemma", width="partial", aliases=_BLOCK_TYPES_AND_WINDOW, rope_types="default"),
+    F("roformer", "interleaved", scope="text_encoder", rope_types="fixed"),
     F("seed_oss"),
     F("smollm3", base=2000000.0, nope="no_rope_layers"),
     F("solar_open", base=1000000.0),

@@ -95,6 +95,13 @@ def _rope_type(cfg: ConfigReader, params: ConfigReader, family: Family) -> str:
         raise ValueError(
             f"anyrope cannot express the rotation of {family.model_type!r} models yet: {family.unsupported}"
         )
+    if family.rope_types == "fixed":
+        return "default"  # the model keeps a sin/cos table and ignores any rope scaling
+    if family.rope_types == "default" and rope_type != "default":
+        raise ValueError(
+            f"{family.model_type!r} models rotate with plain RoPE only and refuse rope_type={rope_type!r}, "
+            "as transformers does"
+        )
     if rope_type not in SUPPORTED_TYPES:
         raise ValueError(
             f"rope_type={rope_type!r} is not supported; anyrope reads {', '.join(SUPPORTED_TYPES)}"
@@ -327,6 +334,11 @@ def parse_hf_config(
         raise ValueError(f"the config's head dimension is {head_dim}; RoPE needs an even one")
     rotary_dim, partial = _rotary_dim(cfg, params, head_dim, family)
     base = theta if theta is not None else _base(cfg, params, family)
+    if family.ntk_alpha and rope_type == "dynamic" and params.get("alpha", None):
+        # HunYuan's checkpoints say "dynamic", but a fixed alpha only raises the base, by
+        # alpha ** (d / (d - 2)), at every length (transformers' "ntk_alpha")
+        alpha = params.number("alpha")
+        base, rope_type = base * alpha ** (rotary_dim / (rotary_dim - 2)), "default"
     method = _scaling(rope_type, cfg, params, rotary_dim, base, partial)
     max_position = cfg.integer("max_position_embeddings", None)
     if rope_type == "proportional":
