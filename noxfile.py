@@ -73,10 +73,14 @@ for _name in BACKENDS:
 
 
 # The peers' own packages, plus torch and mlx exactly as their backends/ folders install them
-# (torch pinned there); mlx's tests skip, saying why, where it does not install.
+# (torch pinned there); mlx's tests skip, saying why, where it does not install. transformers is
+# pinned: anyrope._families records its 5.23 modeling code, and tests/peers checks every family.
 PEERS = [
-    "transformers>=4.57",
+    "transformers==5.23.0",
     "rotary-embedding-torch>=0.9",
+    # pinned: its set of rope classes changes between versions; it needs Python 3.11 and, on
+    # Linux, the mlx[cpu] that backends/mlx installs
+    "mlx-lm==0.32.2; python_version >= '3.11'",
     *BACKENDS["torch"]["install"],
     *BACKENDS["mlx"]["install"],
 ]
@@ -86,12 +90,14 @@ PEERS = [
 def peers(session: nox.Session) -> None:
     """anyrope against other implementations (tests/peers); not run by default.
 
-    Hugging Face transformers on real models' configs, rotary-embedding-torch, Meta's complex-number
-    RoPE, and mlx.core.fast.rope.
+    Hugging Face transformers on real models' configs and every model family it has (in tiny
+    models, through anyrope.integrations.transformers), mlx-lm through its integration,
+    rotary-embedding-torch, Meta's complex-number RoPE, and mlx.core.fast.rope; and the docs'
+    examples that need these libraries (tests/test_readme.py, skipped in the backend sessions).
     """
     session.install(*nox.project.dependency_groups(PYPROJECT, "test"), *PEERS)
     session.install(".")
-    session.run("pytest", "tests/peers", *session.posargs)
+    session.run("pytest", "tests/peers", "tests/test_readme.py", *session.posargs)
 
 
 @nox.session

@@ -39,6 +39,8 @@ numpydoc_xref_param_type = False
 numpydoc_validation_checks: set[str] = set()
 autodoc_default_options = {"members": True, "undoc-members": False}
 autodoc_typehints = "none"  # numpydoc's Parameters sections already give the types
+# The integrations import their libraries, which the docs environment does not install.
+autodoc_mock_imports = ["torch", "mlx", "mlx_lm"]
 autosummary_generate = False
 
 # No MathJax: it would be the one file fetched from outside the build, and the pages are built

@@ -127,6 +127,13 @@ _NOPE = {
 }
 
 
+_ROPE_TYPES = {
+    "all": "all",
+    "default": "default only",
+    "fixed": "default (fixed sin/cos table)",
+}
+
+
 def family_table() -> str:
     """Every transformers model family that rotates, from anyrope's family data, with counts."""
     from anyrope._families import FAMILIES
@@ -139,6 +146,7 @@ def family_table() -> str:
         return "supported"
 
     supported = [f for f in FAMILIES if status(f) == "supported"]
+    in_model = sum(not f.not_in_model for f in supported)
     layouts = {
         name: sum(f.layout == name and not f.layout_key for f in supported)
         for name in ("half", "interleaved")
@@ -148,13 +156,17 @@ def family_table() -> str:
         f"`from_hf_config` reads {len(supported)} of them exactly ({layouts['half']} half, "
         f"{layouts['interleaved']} interleaved, {sum(bool(f.layout_key) for f in supported)} set by "
         f"`rope_interleave`), refuses {sum(bool(f.multi_axis) for f in FAMILIES)} M-RoPE families by name "
-        f"and {sum(bool(f.unsupported) and not f.multi_axis for f in FAMILIES)} others with the reason."
+        f"and {sum(bool(f.unsupported) and not f.multi_axis for f in FAMILIES)} others with the reason. "
+        f"The `peers` test session checks every supported family's rotation against the family's own "
+        f"rotary code, and runs {in_model} of them in a tiny model of their own through "
+        "`anyrope.integrations.transformers`: outputs with a left-padded batch row, and for decoders "
+        "16 greedy tokens with the KV cache; the last column says why the others are not."
     )
     lines = [
         summary,
         "",
-        "| `model_type` | kind | pairing | rotated width | layers | `from_hf_config` |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| `model_type` | kind | pairing | rotated width | rope types | layers | `from_hf_config` | checked in its model |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for f in FAMILIES:
         pairing = f"`{f.layout_key}` (default interleaved)" if f.layout_key else f.layout
@@ -167,8 +179,11 @@ def family_table() -> str:
             if part
         )
         kind = f.scope.replace("_", " ")
+        rope_types = _ROPE_TYPES[f.rope_types] + (", HunYuan's NTK alpha" if f.ntk_alpha else "")
+        checked = "-" if status(f) != "supported" else (f"no: {f.not_in_model}" if f.not_in_model else "yes")
         lines.append(
-            f"| `{f.model_type}` | {kind} | {pairing} | {_WIDTH[f.width]} | {layers or '-'} | {status(f)} |"
+            f"| `{f.model_type}` | {kind} | {pairing} | {_WIDTH[f.width]} | {rope_types} | {layers or '-'} "
+            f"| {status(f)} | {checked} |"
         )
     return "\n".join(lines) + "\n"
 

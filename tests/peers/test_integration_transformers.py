@@ -1,0 +1,171 @@
+"""anyrope.integrations.transformers on tiny transformers models: what it patches, what it refuses.
+
+Every family is run through it in test_families.py; this file covers the integration's own
+promises: undo, idempotence, compiled models and compiled generation, length-dependent scaling
+past the trained length, the sin/cos-table families, and refusals that change nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers", minversion="5.0")
+
+from anyrope.integrations.transformers import is_patched, remove_anyrope, use_anyrope
+
+# Logits of a 2-layer float32 model whose tables differ by float32 rounding of the angles
+# (transformers' angles are float32 products, off by up to |angle| * 2**-24; cos and sin are then
+# rounded alike): the differences stay within a few float32 ulps of logits of order 1.
+LOGITS_ATOL = 1e-5
+
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+}
+
+
+def _llama(**rope: object) -> object:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**TINY, **rope)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _batch() -> tuple[object, object]:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 128, (2, 8), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # a left-padded row: position ids differ per row
+    return ids, mask
+
+
+def _logits(model: object, ids: object, mask: object) -> object:
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).logits
+
+
+def _generate(model: object, ids: object, mask: object) -> object:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {},
+        {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ],
+    ids=["default", "linear", "dynamic", "yarn", "llama3"],
+)
+def test_patch_matches_and_undoes(rope: dict) -> None:
+    model = _llama(**rope)
+    ids, mask = _batch()
+    stock = _logits(model, ids, mask)
+    stock_tokens = _generate(model, ids, mask)
+    assert use_anyrope(model) is model
+    assert is_patched(model.model.rotary_emb)
+    torch.testing.assert_close(_logits(model, ids, mask), stock, rtol=0, atol=LOGITS_ATOL)
+    assert torch.equal(_generate(model, ids, mask), stock_tokens)
+    use_anyrope(model)  # twice: harmless
+    assert remove_anyrope(model) is model
+    assert not is_patched(model.model.rotary_emb)
+    assert torch.equal(_logits(model, ids, mask), stock)
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_length_dependent_scaling_past_the_trained_length(rope_type: str) -> None:
+    """DynamicNTK and LongRoPE switch frequencies on the device when positions pass the threshold."""
+    scaling = {"rope_type": rope_type, "factor": 4.0}
+    if rope_type == "longrope":
+        scaling |= {
+            "short_factor": [1.0] * 8,
+            "long_factor": [4.0] * 8,
+            "original_max_position_embeddings": 64,
+        }
+    model = _llama(rope_scaling=scaling)
+    ids = torch.randint(3, 128, (1, 300), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    stock = _logits(model, ids, mask)
+    use_anyrope(model)
+    # angles near position 300 differ by up to 300 * 2**-24 in float32: still far below 1e-5
+    torch.testing.assert_close(_logits(model, ids, mask), stock, rtol=0, atol=LOGITS_ATOL)
+
+
+def test_compiled_model_and_compiled_generate() -> None:
+    model = _llama(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    ids, mask = _batch()
+    stock = _logits(model, ids, mask)
+    stock_tokens = _generate(model, ids, mask)
+    use_anyrope(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(_logits(compiled, ids, mask), stock, rtol=0, atol=LOGITS_ATOL)
+    model.forward = torch.compile(model.forward, fullgraph=True, dynamic=True)
+    try:
+        assert torch.equal(_generate(model, ids, mask), stock_tokens)
+    finally:
+        del model.forward
+
+
+@pytest.mark.parametrize("model_type", ["gptj", "codegen"])
+def test_sin_cos_table_families(model_type: str) -> None:
+    torch.manual_seed(0)
+    names = {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "vocab_size": 128, "n_positions": 256}
+    config = transformers.CONFIG_MAPPING[model_type](**names)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    table = next(m.embed_positions for m in model.modules() if hasattr(m, "embed_positions"))
+    before = table.clone()
+    ids, mask = _batch()
+    stock = _logits(model, ids, mask)
+    stock_tokens = _generate(model, ids, mask)
+    use_anyrope(model)
+    assert not torch.equal(table, before)  # the table the model holds now has anyrope's values
+    torch.testing.assert_close(_logits(model, ids, mask), stock, rtol=0, atol=LOGITS_ATOL)
+    assert torch.equal(_generate(model, ids, mask), stock_tokens)
+    remove_anyrope(model)
+    assert torch.equal(table, before)
+
+
+def test_refuses_a_model_without_rotary() -> None:
+    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64)
+    with pytest.raises(ValueError, match="no rotary embedding module"):
+        use_anyrope(transformers.GPT2LMHeadModel(config))
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
+        use_anyrope(config)
+
+
+def test_refuses_m_rope_by_name() -> None:
+    config = transformers.Qwen2VLTextConfig(
+        **TINY, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+    )
+    model = transformers.AutoModel.from_config(config)
+    with pytest.raises(ValueError, match="M-RoPE"):
+        use_anyrope(model)
+    assert not any(is_patched(m) for m in model.modules())
+
+
+def test_refuses_a_module_whose_tables_differ_and_patches_nothing() -> None:
+    model = _llama()
+    model.config.rope_parameters["rope_theta"] = 500000.0  # the config no longer says what the module does
+    with pytest.raises(ValueError, match="other tables than anyrope's"):
+        use_anyrope(model)
+    assert not is_patched(model.model.rotary_emb)
