@@ -449,3 +449,35 @@ def test_rope_types_as_the_family_takes_them() -> None:
     }
     with pytest.raises(ValueError, match="plain RoPE only and refuse rope_type='linear'"):
         anyrope.RoPE.from_hf_config(gemma)
+
+
+def test_layer_flags_and_scaled_layers() -> None:
+    """MuseSpark's layer_rope_theta only marks NoPE layers; Molmo2 scales only rope_scaling_layers."""
+    muse = {
+        "model_type": "muse_spark_text",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 3,
+        "rope_theta": 500000.0,
+        "layer_rope_theta": [500000.0, 0, 10000.0],
+    }
+    assert anyrope.RoPE.from_hf_config(muse, layer=2).base == 500000.0
+    with pytest.raises(ValueError, match=r"layer 1 .* no rotary embedding"):
+        anyrope.RoPE.from_hf_config(muse, layer=1)
+    molmo = {
+        "model_type": "molmo2_text",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "max_position_embeddings": 4096,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        "rope_scaling_layers": [0],
+    }
+    assert anyrope.RoPE.from_hf_config(molmo, layer=0).scaling == sc.Linear(2.0)
+    assert anyrope.RoPE.from_hf_config(molmo, layer=1).scaling is None
+
+
+def test_rotary_value_is_refused() -> None:
+    config = {"model_type": "roformer", "hidden_size": 256, "num_attention_heads": 4, "rotary_value": True}
+    with pytest.raises(ValueError, match="rotary_value=True"):
+        anyrope.RoPE.from_hf_config(config)

@@ -118,6 +118,7 @@ _NOPE = {
     "sliding_when_windowed": "with a sliding window, only sliding layers rotate",
     "no_rope_layers": "`no_rope_layers`",
     "layer_rope_theta": "`layer_rope_theta` 0",
+    "layer_rope_flag": "`layer_rope_theta` 0",
     "none_entry": "`rope_parameters[type]` None",
     "sliding_or_dense_prefix": "sliding layers and a dense prefix",
     "full_with_theta": "only full-attention layers",

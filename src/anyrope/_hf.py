@@ -291,12 +291,14 @@ def layer_rotation(cfg: ConfigReader, family: Family, layer: int) -> tuple[str |
             rotates = (layer + 1) % cfg.integer("no_rope_layer_interval", 4) != 0
         if not rotates:
             raise nope("no_rope_layers marks it NoPE")
-    if rule == "layer_rope_theta":
+    if rule in ("layer_rope_theta", "layer_rope_flag"):
         thetas = cfg.get("layer_rope_theta")
         if not isinstance(thetas, (list, tuple)) or layer >= len(thetas):
             raise ValueError(f"this {family.model_type} config needs layer_rope_theta, one theta per layer")
         if not thetas[layer]:
             raise nope("its layer_rope_theta is 0")
+        if rule == "layer_rope_flag":  # MuseSpark: a flag only; every rotating layer uses rope_theta
+            return kind, None
         theta = ConfigReader({"layer_rope_theta": thetas[layer]}).number("layer_rope_theta")
     if rule == "sliding_or_dense_prefix":
         mlp = cfg.get("mlp_layer_types")
@@ -320,6 +322,11 @@ def parse_hf_config(
     family = family_of(model_type if isinstance(model_type, str) else None)
     cfg = ConfigReader(cfg.source, aliases=family.aliases)
     _whole_config_rotates(cfg, family)
+    if cfg.get("rotary_value", False) is True:
+        raise ValueError(
+            "this config has rotary_value=True: the model rotates the values too, which a RoPE of q "
+            "and k does not describe; rotate v with the same RoPE if that is what you want"
+        )
     theta = None
     if layer is not None:
         if layer_type is not None:
@@ -340,6 +347,9 @@ def parse_hf_config(
         alpha = params.number("alpha")
         base, rope_type = base * alpha ** (rotary_dim / (rotary_dim - 2)), "default"
     method = _scaling(rope_type, cfg, params, rotary_dim, base, partial)
+    scaled_layers = cfg.get("rope_scaling_layers", None)
+    if layer is not None and isinstance(scaled_layers, (list, tuple)) and layer not in scaled_layers:
+        method = None  # Molmo2: layers outside rope_scaling_layers rotate unscaled
     max_position = cfg.integer("max_position_embeddings", None)
     if rope_type == "proportional":
         rotary_dim = head_dim

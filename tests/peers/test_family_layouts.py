@@ -555,22 +555,14 @@ LAYER_CASES = [
         "muse_glimmer_text",
         {"num_hidden_layers": 3, "layer_rope_theta": [500000.0, 0, 20000.0]},
         _global_rotary_unless_zero,
-        (
-            "MuseGlimmerTextModel (modeling_muse_glimmer.py:458, 505-512) uses layer_rope_theta only as a "
-            "NoPE flag: every rotating layer gets the one rotary_emb built at the global rope_theta, but "
-            "from_hf_config(layer=i) (_hf.layer_rotation) takes layer_rope_theta[i] as that layer's base"
-        ),
+        None,
     ),
     (
         "muse_spark_text/theta-unlike-global",
         "muse_spark_text",
         {"num_hidden_layers": 3, "layer_rope_theta": [500000.0, 0, 10000.0]},
         _global_rotary_unless_zero,
-        (
-            "MuseSparkTextModel (modeling_muse_spark.py:609, 656-663) uses layer_rope_theta only as a "
-            "NoPE flag: every rotating layer gets the one rotary_emb built at the global rope_theta, but "
-            "from_hf_config(layer=i) (_hf.layer_rotation) takes layer_rope_theta[i] as that layer's base"
-        ),
+        None,
     ),
     ("molmo2_text", "molmo2_text", {"num_hidden_layers": 2, "rope_parameters": _YARN}, _molmo2_rotary, None),
     (
@@ -578,11 +570,7 @@ LAYER_CASES = [
         "molmo2_text",
         {"num_hidden_layers": 2, "rope_parameters": _YARN, "rope_scaling_layers": [0]},
         _molmo2_rotary,
-        (
-            "Molmo2TextModel (modeling_molmo2.py:659-662, 707-708) rotates the layers outside "
-            "rope_scaling_layers with an unscaled RoPE (Molmo2RotaryEmbedding(config, scaled=False)); "
-            "from_hf_config(layer=i) ignores rope_scaling_layers and gives every layer the YaRN RoPE"
-        ),
+        None,
     ),
 ]
 
