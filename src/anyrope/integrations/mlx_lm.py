@@ -161,12 +161,12 @@ class AnyRoPE(nn.Module):  # type: ignore[misc]  # nn is Any
 
     Examples
     --------
-    >>> import mlx.core as mx
-    >>> import anyrope
-    >>> from anyrope.integrations.mlx_lm import AnyRoPE
-    >>> rope = AnyRoPE(anyrope.RoPE(64, base=500000.0))
-    >>> q = mx.ones((2, 4, 3, 64))                      # (batch, heads, seq, head_dim)
-    >>> rope(q, offset=mx.array([5, -2])).shape         # per-row offsets, as BatchKVCache's
+    >>> import mlx.core as mx  # doctest: +SKIP
+    >>> import anyrope  # doctest: +SKIP
+    >>> from anyrope.integrations.mlx_lm import AnyRoPE  # doctest: +SKIP
+    >>> rope = AnyRoPE(anyrope.RoPE(64, base=500000.0))  # doctest: +SKIP
+    >>> q = mx.ones((2, 4, 3, 64))                      # (batch, heads, seq, head_dim)  # doctest: +SKIP
+    >>> rope(q, offset=mx.array([5, -2])).shape         # per-row offsets, as BatchKVCache's  # doctest: +SKIP
     (2, 4, 3, 64)
     """
 
