@@ -17,6 +17,7 @@ from typing import Any
 from . import scaling as sc
 from ._config import MISSING, ConfigReader
 from ._families import GENERIC, Family, family_of
+from .scaling import _ntk_base
 
 __all__ = ["SUPPORTED_TYPES", "layer_count", "layer_rotation", "parse_hf_config", "text_config"]
 
@@ -345,7 +346,7 @@ def parse_hf_config(
         # HunYuan's checkpoints say "dynamic", but a fixed alpha only raises the base, by
         # alpha ** (d / (d - 2)), at every length (transformers' "ntk_alpha")
         alpha = params.number("alpha")
-        base, rope_type = base * alpha ** (rotary_dim / (rotary_dim - 2)), "default"
+        base, rope_type = _ntk_base(base, alpha, rotary_dim), "default"
     method = _scaling(rope_type, cfg, params, rotary_dim, base, partial)
     scaled_layers = cfg.get("rope_scaling_layers", None)
     if layer is not None and isinstance(scaled_layers, (list, tuple)) and layer not in scaled_layers:

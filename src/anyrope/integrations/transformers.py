@@ -44,7 +44,7 @@ class _Format:
     """How a family's rotary module lays out its tables."""
 
     expand: str  # "cat": cat(c, c); "repeat": each column twice; "compact": c; "complex": c + i s
-    dtype: torch.dtype | None  # None: the dtype of the module's input x, else always this one
+    dtype: torch.dtype | None  # of cos and sin: None for x's dtype, else always this one
 
 
 @dataclass
@@ -187,11 +187,12 @@ def _learn_format(module: torch.nn.Module, name: str, rope: RoPE, layer_type: st
 def _output_dtype(
     module: torch.nn.Module, positions: torch.Tensor, layer_type: str | None
 ) -> torch.dtype | None:
-    """None where the tables follow x's dtype; otherwise the dtype the module always returns."""
+    """None where the tables follow x's dtype; otherwise the real dtype the module always
+    returns (float32 for complex64 ``freqs_cis``)."""
     x = torch.zeros((1, positions.shape[-1], 1), dtype=torch.bfloat16, device=positions.device)
     stock = _call_stock(module, x, positions, layer_type)
-    dtype = (stock if isinstance(stock, torch.Tensor) else stock[0]).dtype
-    return None if dtype == torch.bfloat16 else dtype
+    table = stock if isinstance(stock, torch.Tensor) else stock[0]
+    return None if table.dtype == torch.bfloat16 else table.real.dtype
 
 
 def _anyrope_forward(patch: _Patch) -> Callable[..., Any]:
@@ -205,8 +206,6 @@ def _anyrope_forward(patch: _Patch) -> Callable[..., Any]:
             )
         dtype = patch.table_format.dtype
         like = x if dtype is None else x.new_zeros((), dtype=dtype)
-        if patch.table_format.expand == "complex":
-            like = x.new_zeros((), dtype=torch.float32)
         cos, sin = rope.cos_sin(position_ids, like=like)
         return _expand(patch.table_format, cos, sin)
 
