@@ -80,11 +80,21 @@ def llama3(
 
 
 def longrope(
-    d: int, b: float, short: list[float], long: list[float], original: int, seq_len: int, max_position: int
+    d: int,
+    b: float,
+    short: list[float],
+    long: list[float],
+    original: int,
+    seq_len: int,
+    max_position: int,
+    mscales: tuple[float, float] | None = None,
 ) -> tuple[np.ndarray, float]:
+    """``mscales``: PhiMoE's (short_mscale, long_mscale), in place of the derived factor."""
     factors = np.asarray(long if seq_len > original else short, dtype=np.float64)
     scale = max_position / original
     attention = 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original))
+    if mscales is not None:
+        attention = mscales[1] if seq_len > original else mscales[0]
     return plain(d, b) / factors, attention
 
 

@@ -27,6 +27,7 @@ from harness import Backend
         ),
         ({"head_dim": 8, "base": 0.0}, ValueError, "base=0.0 must be a positive"),
         ({"head_dim": 8, "max_position": 0}, ValueError, "max_position=0"),
+        ({"head_dim": 8, "clockwise": "yes"}, TypeError, "clockwise must be True or False"),
         (
             {"head_dim": 8, "scaling": "yarn"},
             TypeError,

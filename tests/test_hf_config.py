@@ -284,8 +284,102 @@ def test_multi_axis_configs_are_refused_by_name(config: dict[str, Any]) -> None:
 
 
 def test_families_anyrope_cannot_express_say_why() -> None:
-    with pytest.raises(ValueError, match="'nanochat' models yet: it rotates clockwise"):
-        anyrope.RoPE.from_hf_config({"model_type": "nanochat", "head_dim": 64})
+    with pytest.raises(ValueError, match="'deepseek_v4' models yet: rotates the values too"):
+        anyrope.RoPE.from_hf_config({"model_type": "deepseek_v4", "head_dim": 64})
+    with pytest.raises(ValueError, match="learned scale"):
+        anyrope.RoPE.from_hf_config({"model_type": "mistral_large4_text", "qk_rope_head_dim": 64})
+
+
+def test_nanochat_turns_clockwise() -> None:
+    rope = anyrope.RoPE.from_hf_config(
+        {"model_type": "nanochat", "hidden_size": 256, "num_attention_heads": 4}
+    )
+    assert rope.clockwise
+    assert rope.layout == "half"
+    assert not anyrope.RoPE.from_hf_config({"model_type": "llama", "head_dim": 64}).clockwise
+
+
+GEMMA4 = {
+    "model_type": "gemma4_text",
+    "head_dim": 256,
+    "num_hidden_layers": 3,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+    },
+}
+
+
+def test_gemma4_full_attention_layers_are_wider() -> None:
+    """transformers builds per_layer_config from global_head_dim (default 512) for the
+    full-attention layers; a saved config carries per_layer_config itself."""
+    full = anyrope.RoPE.from_hf_config(GEMMA4, layer_type="full_attention")
+    assert (full.head_dim, full.rotary_dim, full.base) == (512, 512, 1e6)
+    assert full.scaling == sc.Proportional(0.25)
+    assert anyrope.RoPE.from_hf_config(GEMMA4, layer_type="sliding_attention").head_dim == 256
+    assert anyrope.RoPE.from_hf_config({**GEMMA4, "global_head_dim": 384}, layer=2).head_dim == 384
+    assert anyrope.RoPE.from_hf_config({**GEMMA4, "global_head_dim": 384}, layer=1).head_dim == 256
+    saved = {**GEMMA4, "per_layer_config": {"2": {"head_dim": 320, "num_key_value_heads": 1}}}
+    assert anyrope.RoPE.from_hf_config(saved, layer_type="full_attention").head_dim == 320
+    assert anyrope.RoPE.from_hf_config(saved, layer=2).head_dim == 320
+    assert [r.head_dim for r in anyrope.RoPE.layers_from_hf_config(saved)] == [256, 256, 320]
+
+
+@pytest.mark.parametrize(
+    ("per_layer", "error", "match"),
+    [
+        ([{"head_dim": 320}], TypeError, "per_layer_config must be a dict"),
+        ({"last": {"head_dim": 320}}, TypeError, "its keys are layer indices"),
+        ({"2": 320}, TypeError, r"per_layer_config\['2'\] must be a dict"),
+        ({"0": {"head_dim": 128}}, ValueError, "layers of type 'sliding_attention' differ"),
+    ],
+)
+def test_malformed_per_layer_config(per_layer: Any, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        anyrope.RoPE.from_hf_config({**GEMMA4, "per_layer_config": per_layer}, layer_type="sliding_attention")
+
+
+def test_per_layer_head_widths_need_a_layer() -> None:
+    config = {"head_dim": 64, "per_layer_config": {"1": {"head_dim": 128}}, "num_hidden_layers": 2}
+    with pytest.raises(ValueError, match="head_dim differs by layer"):
+        anyrope.RoPE.from_hf_config(config)
+    assert anyrope.RoPE.from_hf_config(config, layer=1).head_dim == 128
+    # overrides of keys that do not touch the rotation change nothing
+    assert (
+        anyrope.RoPE.from_hf_config(
+            {**config, "per_layer_config": {"1": {"num_key_value_heads": 1}}}
+        ).head_dim
+        == 64
+    )
+
+
+def test_phimoe_short_and_long_mscales() -> None:
+    config = {
+        "model_type": "phimoe",
+        "head_dim": 8,
+        "max_position_embeddings": 131072,
+        "rope_parameters": {
+            "rope_type": "longrope",
+            "rope_theta": 1e6,
+            "original_max_position_embeddings": 4096,
+            "short_factor": [1.0, 1.1, 1.2, 1.3],
+            "long_factor": [2.0, 2.5, 3.0, 3.5],
+            "short_mscale": 1.243,
+            "long_mscale": 1.243,
+        },
+    }
+    rope = anyrope.RoPE.from_hf_config(config)
+    assert rope.scaling == sc.LongRoPE(
+        [1.0, 1.1, 1.2, 1.3], [2.0, 2.5, 3.0, 3.5], 4096, attention_factor=1.243, long_attention_factor=1.243
+    )
+    params = config["rope_parameters"]
+    with pytest.raises(ValueError, match="needs 'long_mscale'"):
+        anyrope.RoPE.from_hf_config(
+            {**config, "rope_parameters": {k: v for k, v in params.items() if k != "long_mscale"}}
+        )
+    with pytest.raises(ValueError, match=r"short_mscale and long_mscale.*'linear'"):
+        anyrope.RoPE.from_hf_config({**config, "rope_parameters": {"rope_type": "linear", "factor": 2.0}})
 
 
 def test_layers_without_rotary() -> None:

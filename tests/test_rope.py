@@ -55,6 +55,28 @@ def test_matches_oracle(backend: Backend, mode: str, dtype: str, layout: str, ro
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_clockwise_matches_oracle(backend: Backend, mode: str, dtype: str, layout: str) -> None:
+    """clockwise=True turns every pair by -position * theta (NanoChat); its tables, given to
+    anyrope.apply, rotate the same way."""
+    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12, clockwise=True)
+    x = backend.asarray(_x((2, 3, 7, 16)), dtype)
+    positions = backend.asarray(np.array([[0, 1, 2, 3, 900, 5, 6], [9, 8, 7, -6, 5, 4, 3]]))
+    out = backend.compile(lambda q, p: rope(q, positions=p), mode)(x, positions)
+    want = oracle.rotate(
+        _rounded(backend, _x((2, 3, 7, 16)), dtype),
+        backend.to_numpy(positions),
+        layout=layout,
+        rotary_dim=12,
+        inverse=True,
+    )
+    assert_close(backend, out, want, dtype)
+    if mode == "eager":
+        cos, sin = rope.cos_sin(positions, like=x)
+        assert_close(backend, anyrope.apply(x, cos, sin, layout=layout), want, dtype)
+        assert repr(rope).endswith("clockwise=True)")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_q_and_k_with_grouped_heads(backend: Backend, mode: str, layout: str) -> None:
     rope = anyrope.RoPE(8, base=500.0, layout=layout)
     q_np, k_np = _x((2, 4, 5, 8), 1), _x((2, 2, 5, 8), 2)

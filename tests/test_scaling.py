@@ -73,6 +73,18 @@ CASES: list[tuple[str, dict[str, Any], int | None, tuple[np.ndarray, float]]] = 
         4097,
         osc.longrope(64, 1e4, SHORT, LONG, 4096, 4097, 131072),
     ),
+    (
+        "longrope-mscales-short",
+        {"scaling": sc.LongRoPE(SHORT, LONG, 4096, attention_factor=1.1, long_attention_factor=1.3)},
+        4096,
+        osc.longrope(64, 1e4, SHORT, LONG, 4096, 4096, 4096, mscales=(1.1, 1.3)),
+    ),
+    (
+        "longrope-mscales-long",
+        {"scaling": sc.LongRoPE(SHORT, LONG, 4096, attention_factor=1.1, long_attention_factor=1.3)},
+        4097,
+        osc.longrope(64, 1e4, SHORT, LONG, 4096, 4097, 4096, mscales=(1.1, 1.3)),
+    ),
     ("proportional", {"scaling": sc.Proportional(0.25)}, None, osc.proportional(64, 1e4, 0.25)),
     ("max-length-aware", {"scaling": sc.MaxLengthAware(2048)}, None, osc.max_length_aware(64, 1e4, 2048)),
 ]
@@ -91,7 +103,8 @@ def test_frequencies_match_formula(
     inv_freq = rope.inv_freq if seq_len is None else rope.inv_freq_at(seq_len)
     want, attention = expected
     np.testing.assert_allclose(inv_freq, want, rtol=1e-13, atol=0)
-    assert rope.attention_scaling == pytest.approx(attention, rel=1e-14)
+    at = rope if seq_len is None else rope.at_length(seq_len)
+    assert at.attention_scaling == pytest.approx(attention, rel=1e-14)
 
 
 def _tolerance(backend: Backend, rope: anyrope.RoPE, dtype: str, top: int, traced: bool) -> float | None:
@@ -190,6 +203,8 @@ def test_scaled_tables_within_1e6_up_to_two_million(
             "dynamic-mix": osc.dynamic(64, 1e4, 2.0, 4096, seq, alpha=0.5),
             "longrope-short": osc.longrope(64, 1e4, SHORT, LONG, 4096, seq, 131072),
             "longrope-long": osc.longrope(64, 1e4, SHORT, LONG, 4096, seq, 131072),
+            "longrope-mscales-short": osc.longrope(64, 1e4, SHORT, LONG, 4096, seq, 4096, (1.1, 1.3)),
+            "longrope-mscales-long": osc.longrope(64, 1e4, SHORT, LONG, 4096, seq, 4096, (1.1, 1.3)),
         }[name]
     if _tolerance(backend, rope, "float32", seq, False) is not None:
         rope = rope.at_length(seq)  # the documented exact route where float64 is missing
@@ -313,6 +328,16 @@ def test_rerotate_between_configurations(backend: Backend) -> None:
     assert_close(backend, same, backend.to_numpy(old(k, offset=3)), "float32")
 
 
+def test_rerotate_clockwise(backend: Backend) -> None:
+    old = anyrope.RoPE(16, clockwise=True)
+    new = anyrope.RoPE(16, base=500000.0, scaling=sc.Linear(2.0), clockwise=True)
+    k = backend.asarray(np.random.default_rng(7).standard_normal((2, 5, 16)), "float32")
+    moved = anyrope.rerotate(old(k, offset=40), old, new, offset=40)
+    assert_close(backend, moved, backend.to_numpy(new(k, offset=40)), "float32")
+    with pytest.raises(ValueError, match="old and new must share clockwise"):
+        anyrope.rerotate(k, old, anyrope.RoPE(16))
+
+
 def test_rerotate_rejects_mismatched_ropes(backend: Backend) -> None:
     k = backend.asarray(np.zeros((4, 16)), "float32")
     with pytest.raises(ValueError, match="old and new must share layout"):
@@ -332,6 +357,11 @@ def test_rerotate_rejects_mismatched_ropes(backend: Backend) -> None:
     ("make", "error", "match"),
     [
         (lambda: sc.Linear(0.0), ValueError, "factor=0.0 must be a positive"),
+        (
+            lambda: sc.LongRoPE([1.0], [1.0], 16, long_attention_factor=-1.0),
+            ValueError,
+            "long_attention_factor=-1.0 must be a positive",
+        ),
         (lambda: sc.YaRN(4.0, 0), ValueError, "original_max_position=0 must be a positive int"),
         (lambda: sc.YaRN(-1.0, 4096), ValueError, "factor=-1.0"),
         (lambda: sc.Llama3(8.0, 4.0, 1.0, 8192), ValueError, "high_freq_factor=1.0 must exceed"),

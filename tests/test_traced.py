@@ -32,6 +32,10 @@ ROPES = {
     "longrope": anyrope.RoPE(
         8, scaling=sc.LongRoPE([1.0, 2.0, 2.5, 3.0], [3.0, 4.0, 5.0, 6.0], 4), max_position=16
     ),
+    # PhiMoE: the attention factor changes at the threshold too
+    "longrope mscales": anyrope.RoPE(
+        8, scaling=sc.LongRoPE([1.0, 2.0, 2.5, 3.0], [3.0, 4.0, 5.0, 6.0], 4, 4.0, 1.1, 1.3)
+    ),
     "yarn": anyrope.RoPE(8, scaling=sc.YaRN(4.0, 4)),
 }
 

@@ -171,16 +171,21 @@ def family_table() -> str:
     ]
     for f in FAMILIES:
         pairing = f"`{f.layout_key}` (default interleaved)" if f.layout_key else f.layout
+        pairing += ", clockwise" if f.clockwise else ""
         layers = ", ".join(
             part
             for part in (
                 "per layer type" if f.per_layer else "",
+                f"full-attention heads `global_head_dim` (default {f.global_head_dim})"
+                if f.global_head_dim
+                else "",
                 f"NoPE: {_NOPE[f.nope]}" if f.nope else "",
             )
             if part
         )
         kind = f.scope.replace("_", " ")
         rope_types = _ROPE_TYPES[f.rope_types] + (", HunYuan's NTK alpha" if f.ntk_alpha else "")
+        rope_types += ", LongRoPE with `short_mscale`/`long_mscale`" if f.mscales else ""
         checked = "-" if status(f) != "supported" else (f"no: {f.not_in_model}" if f.not_in_model else "yes")
         lines.append(
             f"| `{f.model_type}` | {kind} | {pairing} | {_WIDTH[f.width]} | {rope_types} | {layers or '-'} "

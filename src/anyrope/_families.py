@@ -39,6 +39,12 @@ class Family:
     ``rope_types``: "all" of transformers' rope types, "default" (the model refuses the others)
     or "fixed" (a precomputed sin/cos table: the model ignores rope scaling). ``not_in_model``:
     why the peers session cannot run the family in a tiny model of its own (None: it does).
+    ``global_head_dim``: the head width of the full-attention layers where a config dict gives
+    neither ``global_head_dim`` nor ``per_layer_config`` (Gemma 4: transformers builds
+    ``per_layer_config`` from that key, with this default).
+    ``mscales``: the attention factor of a scaled rotation is ``short_mscale`` within the original
+    context and ``long_mscale`` beyond it (PhiMoE; LongRoPE only). ``clockwise``: pairs turn by
+    ``-position * theta`` (NanoChat's ``rotate_half`` is ``cat(x2, -x1)``).
     """
 
     model_type: str
@@ -56,6 +62,9 @@ class Family:
     ntk_alpha: bool = False
     rope_types: str = "all"
     not_in_model: str | None = None
+    global_head_dim: int | None = None
+    mscales: bool = False
+    clockwise: bool = False
 
 
 def F(model_type: str, layout: Layout = "half", **fields: Any) -> Family:
@@ -143,20 +152,11 @@ FAMILIES = (
     F("dia_decoder", scope="audio_token_lm"),
     F("dia_encoder", scope="text_encoder"),
     F("diffllama"),
-    F(
-        "diffusion_gemma_text",
-        per_layer=True,
-        unsupported="its full-attention layers have another head width (global_head_dim), not read yet",
-    ),
+    F("diffusion_gemma_text", per_layer=True, global_head_dim=512),
     F("doge"),
     F("dots1"),
     F("dots3_note_text", "interleaved", width="mla", per_layer=True, scope="text_decoder_of_multimodal"),
-    F(
-        "embedding_gemma2_text",
-        per_layer=True,
-        unsupported="its full-attention layers have another head width (per_layer_config), not read yet",
-        scope="text_encoder",
-    ),
+    F("embedding_gemma2_text", per_layer=True, global_head_dim=512, scope="text_encoder"),
     F("emu3_text_model", base=1000000.0, scope="text_decoder_of_multimodal"),
     F("ernie4_5", "interleaved", base=500000.0),
     F("ernie4_5_moe", "interleaved", base=500000.0),
@@ -181,16 +181,8 @@ FAMILIES = (
     F("gemma2"),
     F("gemma3_text", per_layer=True),
     F("gemma3n_text", per_layer=True),
-    F(
-        "gemma4_text",
-        per_layer=True,
-        unsupported="its full-attention layers have another head width (global_head_dim), not read yet",
-    ),
-    F(
-        "gemma4_unified_text",
-        per_layer=True,
-        unsupported="its full-attention layers have another head width (global_head_dim), not read yet",
-    ),
+    F("gemma4_text", per_layer=True, global_head_dim=512),
+    F("gemma4_unified_text", per_layer=True, global_head_dim=512),
     F("glm", "interleaved", width="partial"),
     F("glm4", "interleaved", width="partial"),
     F("glm4_moe", width="partial"),
@@ -254,7 +246,7 @@ FAMILIES = (
     F("laguna", width="partial", per_layer=True),
     F("lfm2", base=1000000.0),
     F("lfm2_moe", base=1000000.0),
-    F("lfm3", per_layer=True, unsupported="its full-attention layers have another head width, not read yet"),
+    F("lfm3", per_layer=True),
     F("llama"),
     F("llama4_text", "interleaved", base=500000.0, nope="no_rope_layers", scope="text_decoder_of_multimodal"),
     F("longcat_flash", "interleaved", width="mla", base=10000000.0),
@@ -291,7 +283,7 @@ FAMILIES = (
     ),
     F("muse_glimmer_text", nope="layer_rope_flag", scope="text_decoder_of_multimodal"),
     F("muse_spark_text", base=500000.0, nope="layer_rope_flag", scope="text_decoder_of_multimodal"),
-    F("nanochat", unsupported="it rotates clockwise (sin negated), which anyrope has no switch for"),
+    F("nanochat", clockwise=True),
     F("nemotron", width="partial"),
     F("neomme", width="partial", multi_axis="custom", per_layer=True, scope="multimodal_encoder"),
     F("nomic_bert", base=1000.0, scope="text_encoder"),
@@ -306,11 +298,7 @@ FAMILIES = (
     F("phi", width="partial"),
     F("phi3", width="partial"),
     F("phi4_multimodal", width="partial"),
-    F(
-        "phimoe",
-        base=1000000.0,
-        unsupported="its LongRoPE scales short and long attention by separate mscale factors",
-    ),
+    F("phimoe", base=1000000.0, mscales=True),
     F("pocket_tts", scope="audio_token_lm"),
     F("qwen2"),
     F("qwen2_5_omni_talker", base=1000000.0, multi_axis="contiguous", scope="audio_token_lm"),

@@ -98,6 +98,11 @@ def _rope_type(cfg: ConfigReader, params: ConfigReader, family: Family) -> str:
         )
     if family.rope_types == "fixed":
         return "default"  # the model keeps a sin/cos table and ignores any rope scaling
+    if family.mscales and rope_type not in ("default", "longrope"):
+        raise ValueError(
+            f"{family.model_type!r} models scale attention by short_mscale and long_mscale, which "
+            f"anyrope reads with rope_type 'longrope' only, not {rope_type!r}"
+        )
     if family.rope_types == "default" and rope_type != "default":
         raise ValueError(
             f"{family.model_type!r} models rotate with plain RoPE only and refuse rope_type={rope_type!r}, "
@@ -178,7 +183,13 @@ def _warn_factor(factor: float, rope_type: str) -> None:
 
 
 def _scaling(
-    rope_type: str, cfg: ConfigReader, params: ConfigReader, rotary_dim: int, base: float, partial: float
+    rope_type: str,
+    cfg: ConfigReader,
+    params: ConfigReader,
+    rotary_dim: int,
+    base: float,
+    partial: float,
+    family: Family,
 ) -> sc.Scaling | None:
     max_position = cfg.integer("max_position_embeddings", None)
     original = 0
@@ -227,12 +238,17 @@ def _scaling(
         factor = params.number("factor", None, allow_none=True)
         if factor is not None:
             _warn_factor(factor, rope_type)
+        if family.mscales:  # PhiMoE: an attention factor for each side of the original context
+            attention, long_attention = params.number("short_mscale"), params.number("long_mscale")
+        else:
+            attention, long_attention = params.number("attention_factor", None, allow_none=True), None
         return sc.LongRoPE(
             params.numbers("short_factor", rotary_dim // 2),
             params.numbers("long_factor", rotary_dim // 2),
             original,
             factor=factor,
-            attention_factor=params.number("attention_factor", None, allow_none=True),
+            attention_factor=attention,
+            long_attention_factor=long_attention,
         )
     if rope_type == "llama3":
         factor = params.number("factor")
@@ -335,6 +351,7 @@ def parse_hf_config(
         kind, theta = layer_rotation(cfg, family, layer)
         if _nested(cfg):
             layer_type = kind
+    cfg = _per_layer(cfg, family, layer_type, layer)
     params = _rope_parameters(cfg, layer_type)
     rope_type = _rope_type(cfg, params, family)
     head_dim = _head_dim(cfg, family)
@@ -347,7 +364,7 @@ def parse_hf_config(
         # alpha ** (d / (d - 2)), at every length (transformers' "ntk_alpha")
         alpha = params.number("alpha")
         base, rope_type = _ntk_base(base, alpha, rotary_dim), "default"
-    method = _scaling(rope_type, cfg, params, rotary_dim, base, partial)
+    method = _scaling(rope_type, cfg, params, rotary_dim, base, partial, family)
     scaled_layers = cfg.get("rope_scaling_layers", None)
     if layer is not None and isinstance(scaled_layers, (list, tuple)) and layer not in scaled_layers:
         method = None  # Molmo2: layers outside rope_scaling_layers rotate unscaled
@@ -365,7 +382,102 @@ def parse_hf_config(
         "rotary_dim": rotary_dim,
         "scaling": method,
         "max_position": max_position,
+        "clockwise": family.clockwise,
     }
+
+
+# The keys whose per-layer overrides change a layer's rotation.
+_ROTATION_KEYS = frozenset(
+    {
+        "head_dim",
+        "hidden_size",
+        "num_attention_heads",
+        "qk_rope_head_dim",
+        "partial_rotary_factor",
+        "rotary_pct",
+        "rotary_dim",
+        "rope_parameters",
+        "rope_scaling",
+        "rope_theta",
+        "max_position_embeddings",
+        "original_max_position_embeddings",
+    }
+)
+
+
+def _per_layer(cfg: ConfigReader, family: Family, layer_type: str | None, layer: int | None) -> ConfigReader:
+    """The config as layer ``layer`` (or every layer of type ``layer_type``) sees it: with
+    transformers' ``per_layer_config`` overrides (Gemma 4's wider full-attention heads) applied."""
+    source = cfg.source
+    if isinstance(source, Mapping):
+        overrides = _dict_overrides(cfg, family, layer_type, layer)
+        return ConfigReader({**source, **overrides}, aliases=family.aliases) if overrides else cfg
+    if not getattr(source, "is_heterogeneous", False):
+        return cfg
+    varying = sorted(set(source.per_layer_attributes or ()) & _ROTATION_KEYS)
+    if not varying:
+        return cfg
+    if layer is None and layer_type is None:
+        raise ValueError(
+            f"this config's {', '.join(varying)} differs by layer (per_layer_config); pass layer_type= "
+            "or layer= to choose the layers"
+        )
+    try:
+        view = source.per_layer_config[layer if layer is not None else layer_type]
+    except (ValueError, IndexError) as error:  # a layer type whose layers differ, or none
+        raise ValueError(f"per_layer_config: {error}") from None
+    return ConfigReader(view, aliases=family.aliases)
+
+
+def _dict_overrides(
+    cfg: ConfigReader, family: Family, layer_type: str | None, layer: int | None
+) -> dict[str, Any]:
+    per_layer = cfg.get("per_layer_config", None)
+    types = cfg.get("layer_types", None)
+    if per_layer is None:
+        if family.global_head_dim is None:
+            return {}
+        kind = layer_type
+        if layer is not None:
+            kind = types[layer] if isinstance(types, (list, tuple)) and layer < len(types) else None
+        if kind != "full_attention":
+            return {}
+        # transformers turns global_head_dim into per_layer_config for the full-attention layers
+        return {"head_dim": cfg.get("global_head_dim", family.global_head_dim)}
+    if not isinstance(per_layer, Mapping):
+        raise TypeError(
+            f"the config's per_layer_config must be a dict of layer index -> overrides, not {type(per_layer).__name__}"
+        )
+    by_index: dict[int, Mapping[str, Any]] = {}
+    for key, overrides in per_layer.items():
+        if isinstance(key, bool) or not (isinstance(key, int) or (isinstance(key, str) and key.isdigit())):
+            raise TypeError(f"the config's per_layer_config has the key {key!r}; its keys are layer indices")
+        if not isinstance(overrides, Mapping):
+            raise TypeError(f"the config's per_layer_config[{key!r}] must be a dict of overrides")
+        by_index[int(key)] = {k: v for k, v in overrides.items() if k in _ROTATION_KEYS}
+    if layer is not None:
+        return dict(by_index.get(layer, {}))
+    if layer_type is None:
+        varying = sorted({k for overrides in by_index.values() for k in overrides})
+        if varying:
+            raise ValueError(
+                f"this config's {', '.join(varying)} differs by layer (per_layer_config); pass layer_type= "
+                "or layer= to choose the layers"
+            )
+        return {}
+    if not isinstance(types, (list, tuple)):
+        raise TypeError(
+            "the config has per_layer_config but no layer_types list to find the layers of layer_type"
+        )
+    indices = [i for i, kind in enumerate(types) if kind == layer_type]
+    chosen = [by_index.get(i, {}) for i in indices]
+    for i, overrides in zip(indices, chosen, strict=True):
+        if overrides != chosen[0]:
+            raise ValueError(
+                f"the layers of type {layer_type!r} differ in per_layer_config (layers {indices[0]} and {i}); "
+                "pass layer= instead"
+            )
+    return dict(chosen[0]) if chosen else {}
 
 
 def _nested(cfg: ConfigReader) -> bool:

@@ -290,7 +290,7 @@ def rope_call(rope: RoPE, q: Any, k: Any, positions: Any, offset: Any, seq_axis:
                 arg,
                 axis,
                 rope.layout,
-                False,
+                rope.clockwise,  # turning by -angle is the inverse rotation
                 x if inplace else None,
                 angles,
                 traced,

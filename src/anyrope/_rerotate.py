@@ -47,7 +47,7 @@ def rerotate(
         Rotated keys, ``(..., seq, head_dim)`` or as ``seq_axis`` says.
     old, new : RoPE
         The configurations the keys were rotated with and should be rotated with. They must
-        agree on head_dim, rotary_dim and layout.
+        agree on head_dim, rotary_dim, layout and clockwise.
     positions, offset :
         Where the keys sit, as for :meth:`RoPE.__call__`.
     old_length, new_length : int, optional
@@ -70,11 +70,11 @@ def rerotate(
     for name, rope in (("old", old), ("new", new)):
         if not isinstance(rope, RoPE):
             raise TypeError(f"{name} must be an anyrope.RoPE, not {type(rope).__name__}")
-    for attr in ("head_dim", "rotary_dim", "layout"):
+    for attr in ("head_dim", "rotary_dim", "layout", "clockwise"):
         if getattr(old, attr) != getattr(new, attr):
+            hint = "; convert the layout first with to_layout" if attr == "layout" else ""
             raise ValueError(
-                f"old and new must share {attr} (got {getattr(old, attr)!r} and {getattr(new, attr)!r}); "
-                "convert the layout first with to_layout"
+                f"old and new must share {attr} (got {getattr(old, attr)!r} and {getattr(new, attr)!r}){hint}"
             )
     named = {"k": k}
     for arg, value in (("positions", positions), ("offset", offset)):
@@ -105,7 +105,7 @@ def rerotate(
         "k",
         axis,
         new.layout,
-        False,
+        new.clockwise,  # the difference turns the other way too
         None,
         GivenTables(cos, sin),
         traced,

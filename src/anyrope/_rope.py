@@ -38,6 +38,9 @@ class RoPE:
     max_position : int, optional
         The longest context the model supports (``max_position_embeddings``): tables for it are
         built on first use, and scaling methods that derive defaults from it read it.
+    clockwise : bool
+        Turn each pair the other way, by ``-position * theta`` (NanoChat's ``rotate_half`` is
+        ``cat(x2, -x1)``). Scores still depend on relative position only, with its sign flipped.
 
     Examples
     --------
@@ -52,7 +55,16 @@ class RoPE:
     True
     """
 
-    __slots__ = ("_base", "_head_dim", "_layout", "_max_position", "_rotary_dim", "_scaling", "_spectrum")
+    __slots__ = (
+        "_base",
+        "_clockwise",
+        "_head_dim",
+        "_layout",
+        "_max_position",
+        "_rotary_dim",
+        "_scaling",
+        "_spectrum",
+    )
 
     def __init__(
         self,
@@ -63,7 +75,10 @@ class RoPE:
         layout: str = "half",
         scaling: Any = None,
         max_position: int | None = None,
+        clockwise: bool = False,
     ) -> None:
+        if not isinstance(clockwise, bool):
+            raise TypeError(f"clockwise must be True or False, not {clockwise!r}")
         head_dim = check_int(head_dim, "head_dim", low=1, even=True, why=" (features rotate in pairs)")
         rotary_dim = check_rotary_dim(head_dim if rotary_dim is None else rotary_dim, head_dim)
         base = check_positive(base, "base", why=" (10000.0 in most models)")
@@ -80,6 +95,7 @@ class RoPE:
         self._base = float(base)
         self._layout: Layout = normalize_layout(layout)
         self._max_position = max_position
+        self._clockwise = clockwise
         self._scaling: Scaling = scaling if scaling is not None else Scaling()
         self._spectrum = Spectrum(self._scaling, rotary_dim, self._base, max_position, None)
 
@@ -173,6 +189,7 @@ class RoPE:
     rotary_dim = property(lambda self: self._rotary_dim, doc="Rotated features per head.")
     base = property(lambda self: self._base, doc="The frequency base.")
     layout = property(lambda self: self._layout, doc='The canonical layout, "half" or "interleaved".')
+    clockwise = property(lambda self: self._clockwise, doc="Whether pairs turn by -position * theta.")
 
     @property
     def scaling(self) -> Scaling | None:
@@ -224,11 +241,16 @@ class RoPE:
         True
         """
         seq_len = check_int(seq_len, "seq_len", low=1)
-        fixed = object.__new__(RoPE)
-        for name in ("_head_dim", "_rotary_dim", "_base", "_layout", "_max_position", "_scaling"):
-            setattr(fixed, name, getattr(self, name))
+        fixed = self._copy()
         fixed._spectrum = Spectrum(self._scaling, self._rotary_dim, self._base, self._max_position, seq_len)
         return fixed
+
+    def _copy(self, **changes: Any) -> RoPE:
+        """This RoPE with some slots replaced (its spectrum is shared unless replaced)."""
+        copy = object.__new__(RoPE)
+        for name in RoPE.__slots__:
+            setattr(copy, name, changes.get(name, getattr(self, name)))
+        return copy
 
     def _frequencies_for(self, length: int | None) -> Frequencies | LengthSwitch:
         return self._spectrum.for_call(length)
@@ -242,13 +264,16 @@ class RoPE:
             parts.append(f"scaling={self.scaling!r}")
         if self._max_position is not None:
             parts.append(f"max_position={self._max_position}")
+        if self._clockwise:
+            parts.append("clockwise=True")
         text = f"RoPE({', '.join(parts)})"
         return text if self._spectrum.fixed is None else f"{text}.at_length({self._spectrum.fixed})"
 
     def cos_sin(self, positions: Any, *, like: Any) -> tuple[Any, Any]:
         """Compact tables for ``positions``: shape ``positions.shape + (rotary_dim // 2,)``.
 
-        They come in ``like``'s library, device and dtype, ready for :func:`anyrope.apply`.
+        They come in ``like``'s library, device and dtype, ready for :func:`anyrope.apply`
+        (for a ``clockwise`` RoPE, sin is negated: the angles are ``-position * theta``).
         Angles are formed exactly on the device (see the positions guide) and only the final
         values are cast; positions may be any integers, and any integer array of ``like``'s library.
         """
@@ -263,6 +288,8 @@ class RoPE:
         spec = position_spec(xp, env, positions, 0, device, ndims=None, traced=traced)
         angles = PositionAngles(self, xp, env, spec, device, traced, 0)  # explicit positions: no seq
         cos, sin = angles.tables(0, compute_dtype(xp, like.dtype))
+        if self._clockwise:
+            sin = -sin
         return xp.astype(cos, like.dtype, copy=False), xp.astype(sin, like.dtype, copy=False)
 
     def _prefix(

@@ -299,6 +299,8 @@ class LongRoPE(Scaling):
     ``original_max_position`` and by ``long_factor[i]`` beyond it. The attention factor is
     ``attention_factor``, else ``sqrt(1 + ln(f) / ln(original_max_position))`` with
     ``f = factor`` or, when that is None, the RoPE's ``max_position / original_max_position``.
+    ``long_attention_factor``, where given, replaces it beyond the original context (PhiMoE's
+    ``long_mscale``; its ``short_mscale`` is then ``attention_factor``).
     """
 
     short_factor: Sequence[float]
@@ -306,6 +308,7 @@ class LongRoPE(Scaling):
     original_max_position: int
     factor: float | None = None
     attention_factor: float | None = None
+    long_attention_factor: float | None = None
     hf_type: ClassVar[str | None] = "longrope"
     length_dependent: ClassVar[bool] = True
 
@@ -317,8 +320,9 @@ class LongRoPE(Scaling):
             if any(not f > 0 or not math.isfinite(f) for f in getattr(self, name)):
                 raise ValueError(f"{name} must hold positive finite numbers")
         check_int(self.original_max_position, "original_max_position", low=1, why=" (a number of positions)")
-        if self.factor is not None:
-            check_positive(self.factor, "factor")
+        for name in ("factor", "attention_factor", "long_attention_factor"):
+            if getattr(self, name) is not None:
+                check_positive(getattr(self, name), name)
 
     def original_length(self) -> int:
         return self.original_max_position
@@ -345,7 +349,10 @@ class LongRoPE(Scaling):
         long = seq_len is not None and seq_len > self.original_max_position
         factors = self.long_factor if long else self.short_factor
         plain = plain_frequencies(rotary_dim, base)
-        return tuple(t / f for t, f in zip(plain, factors, strict=True)), self.attention(max_position)
+        attention = self.attention(max_position)
+        if long and self.long_attention_factor is not None:
+            attention = float(self.long_attention_factor)
+        return tuple(t / f for t, f in zip(plain, factors, strict=True)), attention
 
 
 @dataclass(frozen=True)

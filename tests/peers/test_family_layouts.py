@@ -129,6 +129,9 @@ SPECS: dict[str, Spec] = {
     # Gemma 3n rotates q and k in separate calls (on (b, s, h, d) with unsqueeze_dim=2; the same
     # here on (b, h, s, d) with unsqueeze_dim=1)
     "gemma3n_text": Spec(kind="single"),
+    "gemma4_text": Spec(kind="single"),  # (and Gemma 4's kin)
+    "gemma4_unified_text": Spec(kind="single"),
+    "diffusion_gemma_text": Spec(kind="single"),
     # the attention code slices the rotated part
     "phi": Spec(attention="PhiAttention"),
     "persimmon": Spec(attention="PersimmonAttention"),
@@ -181,6 +184,27 @@ _NTK_ALPHA = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_thet
 for _name in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
     VARIANTS[_name] = [("alpha=1000", Spec(config={"head_dim": 128, "rope_parameters": _NTK_ALPHA}))]
 
+# PhiMoE's LongRoPE: an attention factor per side of original_max_position_embeddings. With equal
+# short and long factors the frequencies cannot differ, so the far positions check long_mscale.
+_PHIMOE = {
+    "rope_type": "longrope",
+    "rope_theta": 1e6,
+    "original_max_position_embeddings": 4096,
+    "short_mscale": 1.1,
+    "long_mscale": 1.3,
+    "short_factor": [1.0 + i / 64 for i in range(64)],
+}
+VARIANTS["phimoe"] = [
+    (
+        "longrope equal factors",
+        Spec(config={"rope_parameters": {**_PHIMOE, "long_factor": _PHIMOE["short_factor"]}}),
+    ),
+    (
+        "longrope",
+        Spec(config={"rope_parameters": {**_PHIMOE, "long_factor": [4.0 + i / 8 for i in range(64)]}}),
+    ),
+]
+
 # Families this test cannot drive, with the reason (aim: none).
 CANNOT_DRIVE: dict[str, str] = {}
 
@@ -189,7 +213,13 @@ REFUSED_CONFIG: dict[str, dict[str, Any]] = {}
 
 # Where anyrope and the family's own code disagree: case id -> what differs. Marked xfail(strict),
 # so that a fix shows up as an XPASS to remove the entry.
-DISAGREEMENTS: dict[str, str] = {}
+DISAGREEMENTS: dict[str, str] = {
+    "phimoe/longrope": (
+        "past original_max_position_embeddings transformers 5.23's PhimoeRotaryEmbedding.forward "
+        "takes long_mscale but recomputes inv_freq without the length, so with short_factor; anyrope "
+        "rotates with long_factor there, as LongRoPE does and as vLLM pairs them (long_factor with long_mscale)"
+    ),
+}
 
 
 def _refused(family: Family) -> bool:
@@ -364,7 +394,7 @@ def _bounds(rope: anyrope.RoPE, q: Any, k: Any, position_ids: Any) -> tuple[Any,
     inv_freq = torch.tensor(rope.inv_freq_at(int(position_ids.max()) + 1), dtype=torch.float64)
     theta = position_ids.to(torch.float64)[:, None, :, None] * inv_freq  # (b, 1, s, pairs)
     angle_err = (math.log(max(rope.base, math.e)) + 8) * EPS32 * theta.abs()
-    scale = rope.attention_scaling
+    scale = rope.at_length(int(position_ids.max()) + 1).attention_scaling  # LongRoPE's may switch
     rq, rk = _pair_norms(q, rope), _pair_norms(k, rope)
 
     def per_feature(r: Any) -> Any:

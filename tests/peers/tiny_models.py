@@ -196,6 +196,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     # full-attention layers of head 512 = 2x the sliding ones' 256 (global_head_dim): 32 = 2 x 16
     "embedding_gemma2_text": {"layer_types": _SW, "global_head_dim": 32},
+    "gemma4_text": {"layer_types": _SW, "global_head_dim": 32},
+    "gemma4_unified_text": {"layer_types": _SW, "global_head_dim": 32},
+    # the block-diffusion model's text encoder (its decoder denoises blocks: no greedy generation)
+    "diffusion_gemma_text": {
+        "_model": "diffusion_gemma.modeling_diffusion_gemma.DiffusionGemmaEncoderTextModel",
+        "top_k_experts": 2,
+        "layer_types": _SW,
+        "global_head_dim": 32,
+        "_generate": False,
+    },
     "emu3_text_model": {"_model": "Emu3ForCausalLM"},
     "esm": {"position_embedding_type": "rotary"},
     "esmc": {"num_key_value_heads": 4},
@@ -228,6 +238,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "hy_v4": _MLA,
     "kolibri1": {"layer_types": _SW},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    "lfm3": {"layer_types": _SW},
     "llama4_text": {"no_rope_layers": [1, 0], "layer_types": ["chunked_attention", "full_attention"]},
     "longcat_flash": {**_MLA, "head_dim": 8, "num_layers": 1, "zero_expert_num": 2},
     "mimo_v2_flash": {"head_dim": 48},  # rotates int(0.334 * head_dim): 64 of 192, 16 of 48

@@ -212,6 +212,12 @@ def _anyrope_forward(patch: _Patch) -> Callable[..., Any]:
     return forward
 
 
+def _counterclockwise(rope: RoPE) -> RoPE:
+    """The RoPE whose tables the model's rotary module makes: a clockwise family (NanoChat) turns
+    the other way in its apply function, from the usual tables."""
+    return rope._copy(_clockwise=False) if rope.clockwise else rope
+
+
 def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     """Make ``model`` compute its rotary cos and sin with anyrope.
 
@@ -251,7 +257,10 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     patches: dict[torch.nn.Module, Any] = {}
     for name, module in modules:  # check every module before patching any
         config = _config_of(name, module, model)
-        ropes = {lt: RoPE.from_hf_config(config, layer_type=lt) for lt in _layer_types(module, config)}
+        ropes = {
+            lt: _counterclockwise(RoPE.from_hf_config(config, layer_type=lt))
+            for lt in _layer_types(module, config)
+        }
         formats = {_learn_format(module, name, rope, lt) for lt, rope in ropes.items()}
         if len(formats) > 1:
             raise ValueError(
