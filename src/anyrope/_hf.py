@@ -344,14 +344,14 @@ def parse_hf_config(
             "this config has rotary_value=True: the model rotates the values too, which a RoPE of q "
             "and k does not describe; rotate v with the same RoPE if that is what you want"
         )
-    theta = None
+    theta, kind = None, layer_type
     if layer is not None:
         if layer_type is not None:
             raise ValueError("pass layer or layer_type, not both (a layer's type comes from the config)")
         kind, theta = layer_rotation(cfg, family, layer)
         if _nested(cfg):
             layer_type = kind
-    cfg = _per_layer(cfg, family, layer_type, layer)
+    cfg = _per_layer(cfg, family, kind, layer)
     params = _rope_parameters(cfg, layer_type)
     rope_type = _rope_type(cfg, params, family)
     head_dim = _head_dim(cfg, family)
@@ -406,22 +406,20 @@ _ROTATION_KEYS = frozenset(
 
 
 def _per_layer(cfg: ConfigReader, family: Family, layer_type: str | None, layer: int | None) -> ConfigReader:
-    """The config as layer ``layer`` (or every layer of type ``layer_type``) sees it: with
-    transformers' ``per_layer_config`` overrides (Gemma 4's wider full-attention heads) applied."""
+    """The config as layer ``layer`` (of type ``layer_type``), or every layer of type
+    ``layer_type``, sees it: with transformers' ``per_layer_config`` overrides (Gemma 4's wider
+    full-attention heads) applied."""
     source = cfg.source
     if isinstance(source, Mapping):
         overrides = _dict_overrides(cfg, family, layer_type, layer)
         return ConfigReader({**source, **overrides}, aliases=family.aliases) if overrides else cfg
     if not getattr(source, "is_heterogeneous", False):
         return cfg
-    varying = sorted(set(source.per_layer_attributes or ()) & _ROTATION_KEYS)
+    varying = set(source.per_layer_attributes or ()) & _ROTATION_KEYS
     if not varying:
         return cfg
     if layer is None and layer_type is None:
-        raise ValueError(
-            f"this config's {', '.join(varying)} differs by layer (per_layer_config); pass layer_type= "
-            "or layer= to choose the layers"
-        )
+        raise _choose_layers(varying)
     try:
         view = source.per_layer_config[layer if layer is not None else layer_type]
     except (ValueError, IndexError) as error:  # a layer type whose layers differ, or none
@@ -429,18 +427,19 @@ def _per_layer(cfg: ConfigReader, family: Family, layer_type: str | None, layer:
     return ConfigReader(view, aliases=family.aliases)
 
 
+def _choose_layers(varying: set[str]) -> ValueError:
+    return ValueError(
+        f"this config's {', '.join(sorted(varying))} differs by layer (per_layer_config); pass "
+        "layer_type= or layer= to choose the layers"
+    )
+
+
 def _dict_overrides(
     cfg: ConfigReader, family: Family, layer_type: str | None, layer: int | None
 ) -> dict[str, Any]:
     per_layer = cfg.get("per_layer_config", None)
-    types = cfg.get("layer_types", None)
     if per_layer is None:
-        if family.global_head_dim is None:
-            return {}
-        kind = layer_type
-        if layer is not None:
-            kind = types[layer] if isinstance(types, (list, tuple)) and layer < len(types) else None
-        if kind != "full_attention":
+        if family.global_head_dim is None or layer_type != "full_attention":
             return {}
         # transformers turns global_head_dim into per_layer_config for the full-attention layers
         return {"head_dim": cfg.get("global_head_dim", family.global_head_dim)}
@@ -458,13 +457,11 @@ def _dict_overrides(
     if layer is not None:
         return dict(by_index.get(layer, {}))
     if layer_type is None:
-        varying = sorted({k for overrides in by_index.values() for k in overrides})
+        varying = {k for overrides in by_index.values() for k in overrides}
         if varying:
-            raise ValueError(
-                f"this config's {', '.join(varying)} differs by layer (per_layer_config); pass layer_type= "
-                "or layer= to choose the layers"
-            )
+            raise _choose_layers(varying)
         return {}
+    types = cfg.get("layer_types", None)
     if not isinstance(types, (list, tuple)):
         raise TypeError(
             "the config has per_layer_config but no layer_types list to find the layers of layer_type"

@@ -241,9 +241,8 @@ class RoPE:
         True
         """
         seq_len = check_int(seq_len, "seq_len", low=1)
-        fixed = self._copy()
-        fixed._spectrum = Spectrum(self._scaling, self._rotary_dim, self._base, self._max_position, seq_len)
-        return fixed
+        spectrum = Spectrum(self._scaling, self._rotary_dim, self._base, self._max_position, seq_len)
+        return self._copy(_spectrum=spectrum)
 
     def _copy(self, **changes: Any) -> RoPE:
         """This RoPE with some slots replaced (its spectrum is shared unless replaced)."""
