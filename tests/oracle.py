@@ -67,6 +67,80 @@ def rotate(
     return np.moveaxis(out, -2, seq_axis)
 
 
+def mrope_streams(section: list[int], interleaved: bool) -> np.ndarray:
+    """The stream each pair follows: contiguous blocks (Qwen2-VL's ``cos.split(mrope_section)``)
+    or, interleaved (Qwen3-VL's ``apply_interleaved_mrope``), stream s over the slice
+    ``s : len(section) * section[s] : len(section)`` and stream 0 elsewhere."""
+    if not interleaved:
+        return np.repeat(np.arange(len(section)), section)
+    streams = np.zeros(sum(section), dtype=np.int64)
+    for s in range(1, len(section)):
+        streams[s : len(section) * section[s] : len(section)] = s
+    return streams
+
+
+def mrope_rotate(x: np.ndarray, positions: np.ndarray, streams: np.ndarray, **kwargs: object) -> np.ndarray:
+    """M-RoPE: ``positions`` (streams, seq) or (streams, batch, seq); pair j turns by
+    ``positions[streams[j]] * theta_j``. Rotates each pair group of one stream with its positions."""
+    x = np.asarray(x, dtype=np.float64)
+    layout = str(kwargs.get("layout", "half"))
+    r = int(kwargs.get("rotary_dim") or x.shape[-1])  # type: ignore[call-overload]
+    out = rotate(x, positions[0], **kwargs)  # type: ignore[arg-type]
+    a_idx, b_idx = pairs(r, layout)
+    for s in range(1, positions.shape[0]):
+        moved = rotate(x, positions[s], **kwargs)  # type: ignore[arg-type]
+        mine = np.concatenate([a_idx[streams == s], b_idx[streams == s]])
+        out[..., mine] = moved[..., mine]
+    return out
+
+
+def axial_rotate(
+    x: np.ndarray,
+    positions: np.ndarray,
+    kind: str,
+    *,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+    base: float = 10000.0,
+) -> np.ndarray:
+    """Axial RoPE: ``positions`` (axes, seq) or (axes, batch, seq); axis s rotates the s-th
+    contiguous share of the pairs. "blocks": with the frequencies of a RoPE over ``rotary_dim /
+    axes`` features (EVA-02); "alternating": with every axes-th frequency of the whole spectrum,
+    starting at the s-th (Pixtral: rows the even ones, columns the odd)."""
+    x = np.asarray(x, dtype=np.float64)
+    r = rotary_dim or x.shape[-1]
+    axes = positions.shape[0]
+    share = r // 2 // axes
+    whole = inv_freq(r, base)
+    out = np.array(rotate(x, positions[0], layout=layout, rotary_dim=r, base=base))
+    a_idx, b_idx = pairs(r, layout)
+    for s in range(axes):
+        own = inv_freq(r // axes, base) if kind == "blocks" else whole[s::axes]
+        frequencies = np.ones(r // 2)
+        frequencies[s * share : (s + 1) * share] = own
+        moved = rotate(x, positions[s], layout=layout, rotary_dim=r, frequencies=frequencies)
+        mine = np.concatenate([a_idx[s * share : (s + 1) * share], b_idx[s * share : (s + 1) * share]])
+        out[..., mine] = moved[..., mine]
+    return out
+
+
+def xpos(
+    x: np.ndarray, positions: np.ndarray, scale_base: float, sign: float, *, layout: str = "half"
+) -> np.ndarray:
+    """xPos's decay on a rotated x (batch, heads, seq, head_dim): pair i of the token at position
+    p times zeta_i ** (sign * p / scale_base), zeta_i = (2i / r + 0.4) / 1.4 (Sun et al., 2022)."""
+    r = x.shape[-1]
+    zeta = (np.arange(0, r, 2) / r + 0.4) / 1.4
+    power = sign * np.asarray(positions, dtype=np.float64)[..., None] / scale_base  # (..., seq, 1)
+    factor = zeta**power  # (seq, r/2) or (batch, seq, r/2)
+    if factor.ndim == 3:
+        factor = factor[:, None]
+    out = np.array(x, dtype=np.float64)
+    for idx in pairs(r, layout):
+        out[..., idx] *= factor
+    return out
+
+
 def cos_sin(positions: np.ndarray, rotary_dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
     angles = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq(rotary_dim, base)
     return np.cos(angles), np.sin(angles)

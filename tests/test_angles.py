@@ -151,3 +151,13 @@ def test_public_tables_follow_the_device(backend: Backend, dtype: str) -> None:
     assert cos.dtype == backend.dtype(dtype)
     _check(backend, positions, cos, sin, 1e-6, np.asarray(rope.inv_freq))
     assert math.isclose(float(backend.to_numpy(cos)[0, 0]), 1.0)
+
+
+def test_mlx_float64_exp_is_accurate() -> None:
+    """MLX's own float64 exp is float32-accurate; the namespace's, used for xPos, is not."""
+    mx = pytest.importorskip("mlx.core")
+    from anyrope._mlx import mlx_namespace
+
+    x = np.concatenate([np.linspace(-700.0, 700.0, 4001), [0.0, -1e-10, 0.5, 1.0]])
+    got = np.asarray(mlx_namespace(mx).exp(mx.array(x, dtype=mx.float64)))
+    np.testing.assert_allclose(got, np.exp(x), rtol=4 * 2.0**-53, atol=0)

@@ -206,9 +206,9 @@ def test_deepseek_rotates_the_qk_rope_slice() -> None:
     ("config", "error", "match"),
     [
         (
-            {"head_dim": 64, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},
-            ValueError,
-            "this config describes M-RoPE \\(multi-axis positions",
+            {"head_dim": 64, "rope_scaling": {"type": "mrope", "mrope_section": "16,24,24"}},
+            TypeError,
+            "mrope_section is '16,24,24'; it must be a list of ints",
         ),
         (
             {"head_dim": 64, "rope_scaling": {"rope_type": "fancy"}},
@@ -266,21 +266,90 @@ def test_llama_style_families_rotate_the_whole_head() -> None:
 
 
 @pytest.mark.parametrize(
-    "config",
+    ("config", "section", "interleaved"),
     [
-        {"model_type": "qwen2_vl_text", "head_dim": 128},  # transformers drops "mrope": the family says it
-        {"head_dim": 128, "rope_parameters": {"rope_type": "default", "mrope_section": [16, 24, 24]}},
-        {
-            "model_type": "qwen2_vl",
-            "text_config": {"model_type": "qwen2_vl_text", "hidden_size": 512, "num_attention_heads": 4},
-        },
+        # transformers drops "mrope" and keeps the sections; the family's module has a default
+        ({"model_type": "qwen2_vl_text", "head_dim": 128}, (16, 24, 24), False),
+        (
+            {
+                "model_type": "qwen2_vl_text",
+                "head_dim": 128,
+                "rope_scaling": {"type": "mrope", "mrope_section": [8, 28, 28]},
+            },
+            (8, 28, 28),
+            False,
+        ),
+        # a hub config: the text model's under text_config
+        (
+            {
+                "model_type": "qwen2_vl",
+                "text_config": {"model_type": "qwen2_vl_text", "hidden_size": 512, "num_attention_heads": 4},
+            },
+            (16, 24, 24),
+            False,
+        ),
+        ({"model_type": "qwen3_vl_text", "head_dim": 128}, (24, 20, 20), True),
+        # Qwen3.5 rotates a quarter of each head; the time section is never read, so it takes the rest
+        (
+            {
+                "model_type": "qwen3_5_text",
+                "head_dim": 256,
+                "partial_rotary_factor": 0.25,
+                "rope_parameters": {"mrope_section": [99, 11, 10]},
+            },
+            (11, 11, 10),
+            True,
+        ),
+        # Qwen4-exp's default config rotates every feature: pairs past the sections follow time
+        ({"model_type": "qwen4_exp_text", "head_dim": 128}, (43, 11, 10), True),
+        ({"model_type": "glm4v_text", "head_dim": 128, "partial_rotary_factor": 0.5}, (8, 12, 12), False),
+        # NeoMME: rows and columns on alternate pairs
+        ({"model_type": "neomme", "head_dim": 64, "rope_parameters": {"rope_theta": 1e4}}, (16, 16), True),
+        # a config of unknown family reads mrope_interleaved, as vLLM does
+        (
+            {"head_dim": 128, "rope_parameters": {"rope_type": "default", "mrope_section": [16, 24, 24]}},
+            (16, 24, 24),
+            False,
+        ),
+        (
+            {"head_dim": 128, "rope_parameters": {"mrope_section": [24, 20, 20], "mrope_interleaved": True}},
+            (24, 20, 20),
+            True,
+        ),
     ],
 )
-def test_multi_axis_configs_are_refused_by_name(config: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="M-RoPE"):
+def test_multi_axis_configs(config: dict[str, Any], section: tuple[int, ...], interleaved: bool) -> None:
+    rope = anyrope.RoPE.from_hf_config(config)
+    assert rope.mrope_section == section
+    assert rope.mrope_interleaved is interleaved
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"model_type": "qwen2_vl_text", "head_dim": 64}, r"adds up to 64 pairs but rotary_dim=64 has 32"),
+        (
+            {"model_type": "qwen3_vl_text", "head_dim": 128, "rope_parameters": {"mrope_section": [24, 20]}},
+            r"mrope_section=\[24, 20\] must have 3 entries",
+        ),
+        (
+            {"model_type": "llama", "head_dim": 64, "rope_parameters": {"mrope_section": [8, 12, 12]}},
+            "'llama' models rotate with one position",
+        ),
+        (
+            {"model_type": "llama", "head_dim": 64, "rope_scaling": {"type": "mrope"}},
+            "rope_type='mrope' \\(M-RoPE\\), but 'llama'",
+        ),
+        (
+            {"model_type": "ernie4_5_vl_moe_text", "hidden_size": 256, "num_attention_heads": 4},
+            "alternate between the height and width",
+        ),
+        ({"model_type": "hunyuan_vl_text", "head_dim": 128}, "different position streams"),
+    ],
+)
+def test_multi_axis_configs_anyrope_refuses(config: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         anyrope.RoPE.from_hf_config(config)
-    with pytest.raises(ValueError, match="interleaved M-RoPE"):
-        anyrope.RoPE.from_hf_config({"model_type": "qwen3_vl_text", "head_dim": 128})
 
 
 def test_families_anyrope_cannot_express_say_why() -> None:

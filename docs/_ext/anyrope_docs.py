@@ -18,7 +18,17 @@ else:  # pragma: no cover - the docs build runs on 3.11+, this keeps 3.10 import
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-FIGURES = ["frequencies", "yarn_ramp", "llama3_bands", "decay", "wrap_around", "layouts"]
+FIGURES = [
+    "frequencies",
+    "yarn_ramp",
+    "llama3_bands",
+    "decay",
+    "wrap_around",
+    "layouts",
+    "mrope_sections",
+    "axial",
+    "packed_layout",
+]
 
 
 def _figures(out: Path) -> None:
@@ -140,8 +150,6 @@ def family_table() -> str:
     from anyrope._families import FAMILIES
 
     def status(f: Any) -> str:
-        if f.multi_axis:
-            return "M-RoPE: refused by name (not yet)"
         if f.unsupported:
             return f"refused: {f.unsupported}"
         return "supported"
@@ -156,8 +164,8 @@ def family_table() -> str:
         f"{len(FAMILIES)} model families (transformers `model_type`s) rotate queries and keys; "
         f"`from_hf_config` reads {len(supported)} of them exactly ({layouts['half']} half, "
         f"{layouts['interleaved']} interleaved, {sum(bool(f.layout_key) for f in supported)} set by "
-        f"`rope_interleave`), refuses {sum(bool(f.multi_axis) for f in FAMILIES)} M-RoPE families by name "
-        f"and {sum(bool(f.unsupported) and not f.multi_axis for f in FAMILIES)} others with the reason. "
+        f"`rope_interleave`; {sum(bool(f.multi_axis) for f in supported)} with M-RoPE's multi-axis "
+        f"positions), and refuses {sum(bool(f.unsupported) for f in FAMILIES)} with the reason. "
         f"The `peers` test session checks every supported family's rotation against the family's own "
         f"rotary code, and runs {in_model} of them in a tiny model of their own through "
         "`anyrope.integrations.transformers`: outputs with a left-padded batch row, and for decoders "
@@ -172,6 +180,10 @@ def family_table() -> str:
     for f in FAMILIES:
         pairing = f"`{f.layout_key}` (default interleaved)" if f.layout_key else f.layout
         pairing += ", clockwise" if f.clockwise else ""
+        if f.multi_axis:
+            pairing += f"; M-RoPE, {f.multi_axis}" + (
+                f" (default `{list(f.mrope_section)}`)" if f.mrope_section else ""
+            )
         layers = ", ".join(
             part
             for part in (

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from . import analysis, reference, scaling
 from ._cache import TableCache, table_cache
+from ._grid import grid_positions
 from ._layout import LAYOUTS, permute_qk_weight, to_layout
+from ._packed import packed_positions
 from ._registry import Kernel, kernels, use_fast_paths
 from ._rerotate import rerotate
 from ._rope import RoPE
@@ -26,7 +28,9 @@ __all__ = [
     "__version__",
     "analysis",
     "apply",
+    "grid_positions",
     "kernels",
+    "packed_positions",
     "permute_qk_weight",
     "reference",
     "rerotate",

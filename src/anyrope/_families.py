@@ -31,8 +31,9 @@ class Family:
     absolute ``rotary_dim`` key, GPT-J and CodeGen) or "mla" (DeepSeek's multi-head latent
     attention: the ``qk_rope_head_dim`` slice). ``base``: the family's default theta (None where
     it differs by layer type). ``multi_axis``: M-RoPE, "contiguous" or "interleaved" sections
-    (or "custom"). ``nope``: the rule that says which layers do not rotate (see
-    :func:`anyrope._hf.layer_rotation`). ``per_layer``: RoPE parameters nested by layer type.
+    (``mrope_section`` when the config has none), "alternating" (two streams, row and column,
+    over even and odd pairs: NeoMME) or "custom". ``nope``: the rule that says which layers do
+    not rotate (see :func:`anyrope._hf.layer_rotation`). ``per_layer``: RoPE parameters nested by layer type.
     ``unsupported``: why anyrope cannot express the family's rotation yet. ``aliases``: config
     keys under another name (transformers' ``attribute_map``). ``scope``: what kind of model.
     ``ntk_alpha``: a "dynamic" rope_type with an ``alpha`` is HunYuan's fixed NTK base stretch.
@@ -54,6 +55,7 @@ class Family:
     width: str = "head"
     base: float | None = 10000.0
     multi_axis: str | None = None
+    mrope_section: tuple[int, ...] | None = None
     nope: str | None = None
     per_layer: bool = False
     unsupported: str | None = None
@@ -99,6 +101,12 @@ _DECODER_NAMES = {
 _BLOCK_TYPES_AND_WINDOW = {"layer_types": "layers_block_type", "sliding_window": "attention_window_size"}
 _ATTENTION_HEAD_DIM = {"head_dim": "attention_head_dim", "layer_types": "layers_block_type"}
 
+# M-RoPE families: the sections the rotary modules use when a config has none.
+_QWEN2_VL: dict[str, Any] = {"multi_axis": "contiguous", "mrope_section": (16, 24, 24)}
+_GLM_V: dict[str, Any] = {"multi_axis": "contiguous", "mrope_section": (8, 12, 12)}
+_QWEN3_VL: dict[str, Any] = {"multi_axis": "interleaved", "mrope_section": (24, 20, 20)}
+_QWEN3_5: dict[str, Any] = {"multi_axis": "interleaved", "mrope_section": (11, 11, 10)}
+
 FAMILIES = (
     F("afmoe", nope="sliding_only"),
     F("apertus", base=12000000.0),
@@ -128,12 +136,12 @@ FAMILIES = (
     F("cohere2_moe", "interleaved", nope="sliding_or_dense_prefix"),
     F(
         "cohere_compass_text",
-        multi_axis="interleaved",
         nope="none_entry",
         per_layer=True,
         scope="text_decoder_of_multimodal",
+        **_QWEN3_VL,
     ),
-    F("cosmos3_edge_text", base=100000000.0, multi_axis="interleaved", scope="text_decoder_of_multimodal"),
+    F("cosmos3_edge_text", base=100000000.0, scope="text_decoder_of_multimodal", **_QWEN3_VL),
     F("csm", base=500000.0, scope="audio_token_lm"),
     F("csm_depth_decoder_model", base=500000.0, scope="audio_token_lm"),
     F("cwm", base=1000000.0),
@@ -165,6 +173,10 @@ FAMILIES = (
         "interleaved",
         base=500000.0,
         multi_axis="custom",
+        unsupported=(
+            "its M-RoPE pairs alternate between the height and width streams and then follow time, "
+            "an assignment mrope_section cannot express yet"
+        ),
         scope="text_decoder_of_multimodal",
     ),
     F("esm", nope="position_embedding_type=rotary", scope="protein_lm_encoder"),
@@ -187,23 +199,11 @@ FAMILIES = (
     F("glm4", "interleaved", width="partial"),
     F("glm4_moe", width="partial"),
     F("glm4_moe_lite", "interleaved", layout_key="rope_interleave", width="mla", aliases=_ROPE_HEAD_DIM),
-    F("glm4v_moe_text", width="partial", multi_axis="contiguous", scope="text_decoder_of_multimodal"),
-    F(
-        "glm4v_text",
-        "interleaved",
-        width="partial",
-        multi_axis="contiguous",
-        scope="text_decoder_of_multimodal",
-    ),
-    F("glm_image_text", width="partial", multi_axis="contiguous", scope="text_decoder_of_multimodal"),
+    F("glm4v_moe_text", width="partial", scope="text_decoder_of_multimodal", **_GLM_V),
+    F("glm4v_text", "interleaved", width="partial", scope="text_decoder_of_multimodal", **_GLM_V),
+    F("glm_image_text", width="partial", scope="text_decoder_of_multimodal", **_GLM_V),
     F("glm_moe_dsa", "interleaved", width="mla"),
-    F(
-        "glm_ocr_text",
-        "interleaved",
-        width="partial",
-        multi_axis="contiguous",
-        scope="text_decoder_of_multimodal",
-    ),
+    F("glm_ocr_text", "interleaved", width="partial", scope="text_decoder_of_multimodal", **_GLM_V),
     F("gpt_neox", width="partial"),
     F("gpt_neox_japanese", width="partial"),
     F("gpt_oss", base=150000.0),
@@ -223,7 +223,16 @@ FAMILIES = (
     F("hrm_text"),
     F("hunyuan_v1_dense", ntk_alpha=True),
     F("hunyuan_v1_moe", ntk_alpha=True),
-    F("hunyuan_vl_text", multi_axis="custom", scope="text_decoder_of_multimodal"),
+    F(
+        "hunyuan_vl_text",
+        multi_axis="custom",
+        unsupported=(
+            "transformers 5.23 splits doubled xdrope sections, so for image tokens the two features "
+            "of a pair follow different position streams (no rotation; Tencent's code and vLLM use "
+            "contiguous sections instead)"
+        ),
+        scope="text_decoder_of_multimodal",
+    ),
     F("hy_v3", base=11158840.0),
     F("hy_v4", width="mla"),
     F("hyperclovax"),
@@ -285,7 +294,7 @@ FAMILIES = (
     F("muse_spark_text", base=500000.0, nope="layer_rope_flag", scope="text_decoder_of_multimodal"),
     F("nanochat", clockwise=True),
     F("nemotron", width="partial"),
-    F("neomme", width="partial", multi_axis="custom", per_layer=True, scope="multimodal_encoder"),
+    F("neomme", width="partial", multi_axis="alternating", per_layer=True, scope="multimodal_encoder"),
     F("nomic_bert", base=1000.0, scope="text_encoder"),
     F("olmo"),
     F("olmo2"),
@@ -293,7 +302,7 @@ FAMILIES = (
     F("olmo_hybrid", nope="full_with_theta"),
     F("olmoe"),
     F("openai_privacy_filter", "interleaved", base=150000.0, scope="text_encoder"),
-    F("paddleocr_vl_text", base=500000.0, multi_axis="contiguous", scope="text_decoder_of_multimodal"),
+    F("paddleocr_vl_text", base=500000.0, scope="text_decoder_of_multimodal", **_QWEN2_VL),
     F("persimmon", width="partial"),
     F("phi", width="partial"),
     F("phi3", width="partial"),
@@ -301,22 +310,22 @@ FAMILIES = (
     F("phimoe", base=1000000.0, mscales=True),
     F("pocket_tts", scope="audio_token_lm"),
     F("qwen2"),
-    F("qwen2_5_omni_talker", base=1000000.0, multi_axis="contiguous", scope="audio_token_lm"),
-    F("qwen2_5_omni_text", base=1000000.0, multi_axis="contiguous", scope="text_decoder_of_multimodal"),
-    F("qwen2_5_vl_text", base=1000000.0, multi_axis="contiguous", scope="text_decoder_of_multimodal"),
+    F("qwen2_5_omni_talker", base=1000000.0, scope="audio_token_lm", **_QWEN2_VL),
+    F("qwen2_5_omni_text", base=1000000.0, scope="text_decoder_of_multimodal", **_QWEN2_VL),
+    F("qwen2_5_vl_text", base=1000000.0, scope="text_decoder_of_multimodal", **_QWEN2_VL),
     F("qwen2_moe"),
-    F("qwen2_vl_text", base=1000000.0, multi_axis="contiguous", scope="text_decoder_of_multimodal"),
+    F("qwen2_vl_text", base=1000000.0, scope="text_decoder_of_multimodal", **_QWEN2_VL),
     F("qwen3"),
-    F("qwen3_5_moe_text", width="partial", multi_axis="interleaved", scope="text_decoder_of_multimodal"),
-    F("qwen3_5_text", width="partial", multi_axis="interleaved", scope="text_decoder_of_multimodal"),
+    F("qwen3_5_moe_text", width="partial", scope="text_decoder_of_multimodal", **_QWEN3_5),
+    F("qwen3_5_text", width="partial", scope="text_decoder_of_multimodal", **_QWEN3_5),
     F("qwen3_moe"),
     F("qwen3_next", width="partial"),
     F("qwen3_omni_moe_talker_code_predictor", scope="audio_token_lm"),
-    F("qwen3_omni_moe_talker_text", multi_axis="interleaved", scope="audio_token_lm"),
-    F("qwen3_omni_moe_text", base=1000000.0, multi_axis="interleaved", scope="text_decoder_of_multimodal"),
-    F("qwen3_vl_moe_text", base=500000.0, multi_axis="interleaved", scope="text_decoder_of_multimodal"),
-    F("qwen3_vl_text", base=500000.0, multi_axis="interleaved", scope="text_decoder_of_multimodal"),
-    F("qwen4_exp_text", width="partial", multi_axis="interleaved", scope="text_decoder_of_multimodal"),
+    F("qwen3_omni_moe_talker_text", scope="audio_token_lm", **_QWEN3_VL),
+    F("qwen3_omni_moe_text", base=1000000.0, scope="text_decoder_of_multimodal", **_QWEN3_VL),
+    F("qwen3_vl_moe_text", base=500000.0, scope="text_decoder_of_multimodal", **_QWEN3_VL),
+    F("qwen3_vl_text", base=500000.0, scope="text_decoder_of_multimodal", **_QWEN3_VL),
+    F("qwen4_exp_text", width="partial", scope="text_decoder_of_multimodal", **_QWEN3_5),
     F("recurrent_gemma", width="partial", aliases=_BLOCK_TYPES_AND_WINDOW, rope_types="default"),
     F("roformer", "interleaved", scope="text_encoder", rope_types="fixed"),
     F("seed_oss"),

@@ -84,14 +84,6 @@ def _rope_type(cfg: ConfigReader, params: ConfigReader, family: Family) -> str:
         raise TypeError(f"{params.where}'s rope_type is {rope_type!r}; it must be a string such as 'yarn'")
     if rope_type == "su" or (rope_type == "yarn" and cfg.get("model_type") == "phi3"):
         rope_type = "longrope"  # Phi-3's legacy names, as transformers maps them
-    # transformers rewrites "mrope" to "default" and keeps the sections: the family or the
-    # sections say that positions come in several axes.
-    if rope_type in _MULTI_AXIS or family.multi_axis or params.has("mrope_section"):
-        interleaved = family.multi_axis == "interleaved" or params.get("mrope_interleaved") is True
-        raise ValueError(
-            f"this config describes {'interleaved ' if interleaved else ''}M-RoPE (multi-axis positions: time, "
-            "height, width), which anyrope does not support yet; plain RoPE would rotate image tokens wrongly"
-        )
     if family.unsupported is not None:
         raise ValueError(
             f"anyrope cannot express the rotation of {family.model_type!r} models yet: {family.unsupported}"
@@ -108,6 +100,14 @@ def _rope_type(cfg: ConfigReader, params: ConfigReader, family: Family) -> str:
             f"{family.model_type!r} models rotate with plain RoPE only and refuse rope_type={rope_type!r}, "
             "as transformers does"
         )
+    if rope_type in _MULTI_AXIS:
+        # transformers rewrites "mrope" to "default" and keeps the sections, read below
+        if not (family.multi_axis or family is GENERIC):
+            raise ValueError(
+                f"this config says rope_type={rope_type!r} (M-RoPE), but {family.model_type!r} models "
+                "rotate with one position per token"
+            )
+        return "default"
     if rope_type not in SUPPORTED_TYPES:
         raise ValueError(
             f"rope_type={rope_type!r} is not supported; anyrope reads {', '.join(SUPPORTED_TYPES)}"
@@ -375,7 +375,10 @@ def parse_hf_config(
         raise ValueError(
             f"the config rotates {rotary_dim} of {head_dim} features; RoPE needs a positive even number"
         )
+    section, interleaved = _sections(params, family, rotary_dim)
     return {
+        "mrope_section": section,
+        "mrope_interleaved": interleaved,
         "layout": _layout(cfg, family),
         "head_dim": head_dim,
         "base": base,
@@ -384,6 +387,44 @@ def parse_hf_config(
         "max_position": max_position,
         "clockwise": family.clockwise,
     }
+
+
+def _sections(params: ConfigReader, family: Family, rotary_dim: int) -> tuple[list[int] | None, bool]:
+    """M-RoPE's ``mrope_section`` and whether its streams interleave, as the family's rotary
+    module reads them: from ``rope_parameters`` (else the module's default); interleaving is
+    fixed per family in transformers, which ignores ``mrope_interleaved`` (vLLM reads it, and
+    so does anyrope for a config of unknown family)."""
+    pairs = rotary_dim // 2
+    if family.multi_axis == "alternating":  # NeoMME: rows on even pairs, columns on odd ones
+        return [pairs - pairs // 2, pairs // 2], True
+    given = params.get("mrope_section", None)
+    if family.multi_axis is None:
+        if given is None:
+            return None, False
+        if family is not GENERIC:
+            raise ValueError(
+                f"this config has {params.where}['mrope_section'] (M-RoPE), but {family.model_type!r} "
+                "models rotate with one position per token"
+            )
+    section = given if given is not None else family.mrope_section
+    if isinstance(section, (str, bytes)) or not isinstance(section, (list, tuple)):
+        raise TypeError(f"{params.where}'s mrope_section is {section!r}; it must be a list of ints")
+    section = list(section)
+    interleaved = family.multi_axis == "interleaved" or (
+        family is GENERIC and params.get("mrope_interleaved", False) is True
+    )
+    if family.multi_axis is not None and len(section) != 3:
+        raise ValueError(
+            f"{params.where}'s mrope_section={section!r} must have 3 entries (time, height, width), "
+            f"as {family.model_type!r} models read it"
+        )
+    if family.multi_axis == "interleaved" and all(type(n) is int and n >= 0 for n in section):
+        # The family's code sets pairs s, s + 3, ... below 3 * section[s] to stream s (a slice:
+        # pairs past the last are dropped) and never reads the time section: stream 0 takes the rest.
+        for stream in (1, 2):
+            section[stream] = len(range(stream, min(3 * section[stream], pairs), 3))
+        section[0] = pairs - section[1] - section[2]
+    return section, interleaved
 
 
 # The keys whose per-layer overrides change a layer's rotation.

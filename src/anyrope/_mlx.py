@@ -1,7 +1,7 @@
-"""``mlx.core`` as an array-API namespace: the keywords it lacks, and float64 cos/sin that are exact.
+"""``mlx.core`` as an array-API namespace: the keywords it lacks, and float64 cos, sin and exp that are exact.
 
 MLX arrives through array-api-compat's ``__array_namespace__`` fallback; this wraps only what
-MLX does not take (``device=``, ``copy=``) and what it gets wrong (float64 trigonometry).
+MLX does not take (``device=``, ``copy=``) and what it gets wrong (float64 trigonometry and exp).
 """
 
 from __future__ import annotations
@@ -64,6 +64,12 @@ class MLXNamespace:
             return self._mx.sin(x)
         return _sin_cos_float64(self._mx, x, phase=0)
 
+    # The same holds for exp (2e-6 relative off in float64): xPos's decay needs it.
+    def exp(self, x: Any, /) -> Any:
+        if x.dtype != self._mx.float64:
+            return self._mx.exp(x)
+        return _exp_float64(self._mx, x)
+
 
 # pi/2 split into parts of 33 bits or fewer (fdlibm's), so n * part is exact for |n| < 2**20.
 _PIO2 = (1.57079632673412561417e00, 6.07710050630396597660e-11, 2.02226624871116645580e-21)
@@ -91,6 +97,23 @@ def _sin_cos_float64(mx: Any, x: Any, *, phase: int) -> Any:
     quadrant = mx.remainder(n + phase, 4)  # sin(r + q pi/2) = sin r, cos r, -sin r, -cos r
     value = mx.where(mx.remainder(quadrant, 2) == 0, sin_r, cos_r)
     return mx.where(quadrant >= 2, -value, value)
+
+
+# ln 2 split so that k * _LN2[0] is exact for |k| < 2**20 (fdlibm's), and exp's Taylor series on
+# |r| <= ln(2) / 2, to degree 17 (remainder below 1e-22).
+_LN2 = (6.93147180369123816490e-01, 1.90821492927058770002e-10)
+_EXP_TAYLOR = tuple(1 / math.factorial(k) for k in range(18))
+
+
+def _exp_float64(mx: Any, x: Any) -> Any:
+    """exp of a float64 array with float64 arithmetic only: x = k ln 2 + r, exp(x) = 2**k exp(r)
+    (2**k for integer k is exact in MLX's float64 power)."""
+    k = mx.round(x * (1 / math.log(2)))
+    r = x - k * _LN2[0] - k * _LN2[1]
+    total = mx.full(r.shape, _EXP_TAYLOR[-1], dtype=mx.float64)
+    for c in reversed(_EXP_TAYLOR[:-1]):
+        total = total * r + c
+    return total * mx.power(mx.array(2.0, dtype=mx.float64), k)
 
 
 _lock = threading.Lock()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._angles import cos_sin, cos_sin_of_angles
@@ -29,9 +30,10 @@ from ._compat import (
 from ._dtypes import compute_dtype, dtype_name
 from ._frequencies import Frequencies, LengthSwitch
 from ._layout import Layout
-from ._positions import Offset, PositionSpec, position_spec
+from ._positions import MultiAxis, Offset, PositionSpec, position_spec
 from ._registry import rotate
 from ._rotate import check_head_dim, check_input, check_writable, normalize_seq_axis
+from ._xpos import XPosAngles
 from .scaling import exponents
 
 if TYPE_CHECKING:
@@ -187,8 +189,14 @@ class PositionAngles:
                 inv_freq = rope._scaling.device_frequencies(
                     xp, length, rope.rotary_dim, rope.base, exponents=self._exponents(work)
                 )
-            positions = self.spec.positions(xp, self.env, seq, self.device)
-            long_tables = cos_sin_of_angles(xp, self.env, positions, inv_freq, dtype=dtype)
+            long_tables = self._each_stream(
+                seq,
+                inv_freq,
+                lambda p, pairs: cos_sin_of_angles(xp, self.env, p, pairs, dtype=dtype),
+                lambda pairs: take_rows(
+                    xp, inv_freq, xp.asarray(pairs, dtype=self.env.index, device=self.device)
+                ),
+            )
         else:
             long_tables = self._static(long, seq, dtype)
         is_long = largest >= threshold  # max(positions) + 1 > threshold
@@ -210,9 +218,30 @@ class PositionAngles:
         key = ("exponents", rotary_dim, dtype, self.env)
         return table_cache.constant(xp, key, build, nbytes=8 * rotary_dim)[0]
 
+    def _each_stream(
+        self,
+        seq: int,
+        inv_freq: Any,
+        tables: Callable[[Any, Any], tuple[Any, Any]],
+        pick: Callable[[tuple[int, ...]], Any],
+    ) -> tuple[Any, Any]:
+        """``tables(positions, inv_freq)``, where positions come per stream (M-RoPE, axial): each
+        stream's tables for its own pairs (``pick`` takes their frequencies by index), then put in
+        pair order."""
+        positions = self.spec.positions(self.xp, self.env, seq, self.device)
+        if not isinstance(self.spec, MultiAxis):
+            return tables(positions, inv_freq)
+        sections = self.rope._sections
+        assert sections is not None  # position_spec makes MultiAxis only for M-RoPE and axial RoPE
+        return sections.tables(
+            self.xp, positions, lambda p, s: tables(p, pick(sections.frequency_indices[s]))
+        )
+
     def _static(self, freqs: Frequencies, seq: int, dtype: Any) -> tuple[Any, Any]:
         xp, spec = self.xp, self.spec
         host = None if self.traced else spec.host_range(seq)
+        if isinstance(spec, MultiAxis):
+            host = None  # cached tables are per position, not per stream
         if host is not None and host[0] >= 0:
             cached = self.rope._prefix(xp, self.env, freqs, host[1] + 1, dtype, self.device)
             if cached is not None:
@@ -228,9 +257,13 @@ class PositionAngles:
                 return xp.reshape(take_rows(xp, cached[0], flat), shape), xp.reshape(
                     take_rows(xp, cached[1], flat), shape
                 )
-        positions = spec.positions(xp, self.env, seq, self.device)
-        tables = cos_sin(
-            xp, self.env, positions, freqs.inv_freq, dtype=dtype, device=self.device, traced=self.traced
+        tables = self._each_stream(
+            seq,
+            freqs.inv_freq,
+            lambda p, pairs: cos_sin(
+                xp, self.env, p, pairs, dtype=dtype, device=self.device, traced=self.traced
+            ),
+            lambda pairs: tuple(freqs.inv_freq[j] for j in pairs),
         )
         return scaled(tables, freqs.scale)
 
@@ -273,7 +306,7 @@ def rope_call(rope: RoPE, q: Any, k: Any, positions: Any, offset: Any, seq_axis:
     for arg, x in arrays:
         check_head_dim(x, arg, rope.head_dim)
     env, device = plan.env, plan.device
-    spec = position_spec(xp, env, positions, offset, device, traced=traced)
+    spec = position_spec(xp, env, positions, offset, device, traced=traced, streams=rope.streams)
     for (_, x), (arg, axis, _, _) in zip(arrays, plan.arrays, strict=True):
         spec.check(x, arg, axis)
     if inplace:
@@ -281,6 +314,11 @@ def rope_call(rope: RoPE, q: Any, k: Any, positions: Any, offset: Any, seq_axis:
     axes = [axis for _, axis, _, _ in plan.arrays]
     seq = q.shape[axes[0]] if k is None else max(q.shape[axes[0]], k.shape[axes[1]])
     angles = PositionAngles(rope, xp, env, spec, device, traced, seq)
+    per_array: list[Any] = [angles] * len(arrays)
+    if rope.xpos_scale_base is not None:
+        if k is None:
+            raise ValueError("an xPos RoPE scales q and k oppositely: call rope(q, k) with both")
+        per_array = [XPosAngles(angles, 1.0), XPosAngles(angles, -1.0)]
     out = [
         rotate(
             Job(
@@ -292,14 +330,16 @@ def rope_call(rope: RoPE, q: Any, k: Any, positions: Any, offset: Any, seq_axis:
                 rope.layout,
                 rope.clockwise,  # turning by -angle is the inverse rotation
                 x if inplace else None,
-                angles,
+                array_angles,
                 traced,
                 grad,
                 compute,
                 key,
             )
         )
-        for (_, x), (arg, axis, compute, key) in zip(arrays, plan.arrays, strict=True)
+        for (_, x), (arg, axis, compute, key), array_angles in zip(
+            arrays, plan.arrays, per_array, strict=True
+        )
     ]
     return out[0] if k is None else (out[0], out[1])
 

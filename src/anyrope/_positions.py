@@ -3,8 +3,9 @@
 A spec turns into positions on the device (:meth:`PositionSpec.positions`, traceable), tells
 the largest position on the device (for scaling that depends on the sequence length) and, where
 its values live on the host (Python ints, NumPy arrays, CPU torch tensors outside tracing), what
-they are: that allows cached tables and the CPU kernels' row lookups. Packed sequences and
-multi-axis positions are further subclasses.
+they are: that allows cached tables and the CPU kernels' row lookups. Positions of several
+streams per token (M-RoPE, axial RoPE) are :class:`MultiAxis`; packed sequences are explicit
+positions made on the device (:func:`anyrope.packed_positions`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from ._compat import Environment, host_array, is_array
 from ._dtypes import int_info, isdtype
 
-__all__ = ["ArrayOffset", "Given", "Offset", "PositionSpec", "Positions", "position_spec"]
+__all__ = ["ArrayOffset", "Given", "MultiAxis", "Offset", "PositionSpec", "Positions", "position_spec"]
 
 
 class PositionSpec:
@@ -160,14 +161,7 @@ class Positions(PositionSpec):
         self.rows = values.shape[0] if values.ndim == 2 else 1
 
     def check(self, x: Any, arg: str, axis: int) -> None:
-        seq, shape = x.shape[axis], self.values.shape
-        if shape[-1] != seq:
-            raise ValueError(
-                f"positions has {shape[-1]} entries per row but {arg} has {seq} "
-                f"positions along its sequence axis ({axis})"
-            )
-        if len(shape) == 2:
-            _check_batch(x, arg, axis, shape[0], "positions")
+        _check_positions(self.values.shape, x, arg, axis)
 
     def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
         return self.values.array()
@@ -177,6 +171,28 @@ class Positions(PositionSpec):
         if known is None:
             return None
         return known.reshape(-1, seq) if known.ndim <= 2 and seq else None
+
+    def host_range(self, seq: int) -> tuple[int, int] | None:
+        return self.values.span()
+
+
+class MultiAxis(PositionSpec):
+    """Positions in several streams (M-RoPE's time, height and width): shape (streams, seq) or
+    (streams, batch, seq), or (streams, ...) for :meth:`RoPE.cos_sin`. Tables come per stream
+    (:mod:`._sections`); the host view serves the choice of frequencies only, never a row lookup."""
+
+    __slots__ = ("ndim", "rows", "values")
+
+    def __init__(self, values: Given) -> None:
+        self.values = values
+        self.ndim = values.ndim - 1
+        self.rows = values.shape[1] if values.ndim == 3 else 1
+
+    def check(self, x: Any, arg: str, axis: int) -> None:
+        _check_positions(self.values.shape[1:], x, arg, axis)
+
+    def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
+        return self.values.array()
 
     def host_range(self, seq: int) -> tuple[int, int] | None:
         return self.values.span()
@@ -202,6 +218,17 @@ def _saturated(xp: Any, env: Environment, values: Any) -> Any:
     return xp.where(wrapped, xp.full_like(signed, 2 ** (env.index_bits - 1) - 1), signed)
 
 
+def _check_positions(shape: tuple[int, ...], x: Any, arg: str, axis: int) -> None:
+    seq = x.shape[axis]
+    if shape[-1] != seq:
+        raise ValueError(
+            f"positions has {shape[-1]} entries per row but {arg} has {seq} "
+            f"positions along its sequence axis ({axis})"
+        )
+    if len(shape) == 2:
+        _check_batch(x, arg, axis, shape[0], "positions")
+
+
 def _check_batch(x: Any, arg: str, axis: int, batch: int, source: str) -> None:
     if x.ndim + axis < 1:
         raise ValueError(
@@ -224,15 +251,20 @@ def position_spec(
     *,
     ndims: Sequence[int] | None = (1, 2),
     traced: bool = False,
+    streams: int = 1,
 ) -> PositionSpec:
     """The spec that ``positions=`` or ``offset=`` describe, checked from types and shapes.
 
-    Python ints are checked to fit the index dtype, except while tracing (dynamo makes them
-    symbolic, and a comparison would add a guard)."""
+    With ``streams`` > 1 (M-RoPE), positions of more than one axis have the streams first; 1-D
+    positions and offsets give every stream the same positions. Python ints are checked to fit
+    the index dtype, except while tracing (dynamo makes them symbolic, and a comparison would
+    add a guard)."""
     if positions is not None:
         if not (type(offset) is int and offset == 0):
             raise ValueError("pass positions or offset, not both (positions already say where each token is)")
         values = _given(xp, env, positions, device, "positions", traced)
+        if streams > 1 and values.ndim > 1:
+            return _multi_axis(values, streams, ndims)
         if ndims is not None and values.ndim not in ndims:
             wanted = " or ".join(f"{n}-d" for n in ndims)
             raise ValueError(f"positions must be {wanted}, got shape {values.shape}")
@@ -252,6 +284,18 @@ def position_spec(
             f"offset must be one int, or 1-d with one int per batch row; got shape {values.shape}"
         )
     return ArrayOffset(values)
+
+
+def _multi_axis(values: Given, streams: int, ndims: Sequence[int] | None) -> MultiAxis:
+    shape = values.shape
+    wanted = f"({streams}, seq) or ({streams}, batch, seq)" if ndims is not None else f"({streams}, ...)"
+    if shape[0] != streams or (ndims is not None and len(shape) - 1 not in ndims):
+        raise ValueError(
+            f"positions of shape {shape} do not fit this RoPE's {streams} position streams (M-RoPE or "
+            f"axial): give shape {wanted}, streams first; where every stream is alike (text tokens) "
+            "give shape (seq,) or use offset="
+        )
+    return MultiAxis(values)
 
 
 def _fits(value: int, env: Environment, arg: str) -> int:

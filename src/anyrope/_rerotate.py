@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._compat import array_namespace, device_of, environment, is_array, is_traced
-from ._dtypes import compute_dtype
+from ._args import check_int
+from ._compat import Environment, array_namespace, device_of, environment, is_array, is_traced
+from ._dtypes import compute_dtype, isdtype
 from ._plan import Job, PositionAngles, _grad
-from ._positions import position_spec
+from ._positions import MultiAxis, PositionSpec, position_spec
 from ._registry import rotate
 from ._rope import RoPE
 from ._rotate import GivenTables, check_input, normalize_seq_axis
+from ._xpos import xpos_scale
 
 __all__ = ["rerotate"]
 
@@ -33,13 +35,16 @@ def rerotate(
     seq_axis: int = -2,
     old_length: int | None = None,
     new_length: int | None = None,
+    shift: Any = 0,
 ) -> Any:
-    """Turn keys rotated by ``old`` into the keys ``new`` would have produced.
+    """Turn keys rotated by ``old`` into the keys ``new`` would have produced, optionally
+    ``shift`` positions further on.
 
     For each pair, the keys turn back by ``old``'s angle and on by ``new``'s (one rotation, by
     the difference, whose cos and sin come from both tables) and are rescaled by
     ``new.attention_scaling / old.attention_scaling``. Traceable like a call: under tracing or on
-    an accelerator, lengths that depend on the positions are taken on the device.
+    an accelerator, lengths that depend on the positions are taken on the device. xPos keys
+    (``xpos_scale_base``) are rescaled from ``old``'s decay to ``new``'s.
 
     Parameters
     ----------
@@ -47,13 +52,28 @@ def rerotate(
         Rotated keys, ``(..., seq, head_dim)`` or as ``seq_axis`` says.
     old, new : RoPE
         The configurations the keys were rotated with and should be rotated with. They must
-        agree on head_dim, rotary_dim, layout and clockwise.
+        agree on head_dim, rotary_dim, layout, clockwise and M-RoPE's sections.
     positions, offset :
         Where the keys sit, as for :meth:`RoPE.__call__`.
     old_length, new_length : int, optional
         The sequence lengths (``max(positions) + 1``) at which each configuration's frequencies
         are taken, for methods whose frequencies depend on it (``DynamicNTK``, ``LongRoPE``).
-        By default, the keys' own last position + 1.
+        By default, the keys' own last position + 1 (after the shift, for ``new``).
+    shift : int or integer array
+        Move the keys this many positions: keys ``old`` rotated at position ``p`` come out as
+        ``new`` rotates them at ``p + shift``, without recomputing them (llama.cpp's context
+        shift: dropping ``n`` tokens from the front of a cache is ``shift=-n`` for the keys kept).
+        One int or 0-d array (traced under a compiler, say), or one per batch row, ``(batch,)``.
+        For M-RoPE, an array with axes has the streams first: ``(streams,)`` or
+        ``(streams, batch)``; an int or 0-d array moves every stream alike.
+
+    Notes
+    -----
+    Shifting keys is exact only where the frequencies do not depend on the length: with
+    ``DynamicNTK`` or ``LongRoPE``, keys moved to shorter positions keep frequencies of the length
+    given as ``new_length`` (by default their own new last position + 1), and queries rotated at
+    another length see other angles. Fix one length for both with :meth:`RoPE.at_length` (or
+    pass ``new_length``) where a cache is shifted.
 
     Examples
     --------
@@ -66,18 +86,22 @@ def rerotate(
     >>> moved = anyrope.rerotate(cached, rope, rope, old_length=4, new_length=6)
     >>> bool(np.allclose(moved, rope(k)[:4]))      # as if rotated at length 6
     True
+    >>> plain = anyrope.RoPE(8)
+    >>> shifted = anyrope.rerotate(plain(k, offset=10), plain, plain, offset=10, shift=-7)
+    >>> bool(np.allclose(shifted, plain(k, offset=3)))  # keys at 10.. now at 3..
+    True
     """
     for name, rope in (("old", old), ("new", new)):
         if not isinstance(rope, RoPE):
             raise TypeError(f"{name} must be an anyrope.RoPE, not {type(rope).__name__}")
-    for attr in ("head_dim", "rotary_dim", "layout", "clockwise"):
+    for attr in ("head_dim", "rotary_dim", "layout", "clockwise", "mrope_section", "mrope_interleaved"):
         if getattr(old, attr) != getattr(new, attr):
             hint = "; convert the layout first with to_layout" if attr == "layout" else ""
             raise ValueError(
                 f"old and new must share {attr} (got {getattr(old, attr)!r} and {getattr(new, attr)!r}){hint}"
             )
     named = {"k": k}
-    for arg, value in (("positions", positions), ("offset", offset)):
+    for arg, value in (("positions", positions), ("offset", offset), ("shift", shift)):
         if type(value) is not int and value is not None and is_array(value):
             named[arg] = value
     xp = array_namespace(**named)
@@ -86,18 +110,24 @@ def rerotate(
     device = device_of(xp, k)
     traced = is_traced(xp, *named.values())
     env = environment(xp, device, traced=traced)
-    spec = position_spec(xp, env, positions, offset, device, traced=traced)
+    spec = position_spec(xp, env, positions, offset, device, traced=traced, streams=old.streams)
     spec.check(k, "k", axis)
     seq, compute = k.shape[axis], compute_dtype(xp, k.dtype)
+    moved = spec if _no_shift(shift) else _shifted(xp, env, spec, seq, device, shift, old.streams, traced)
+    moved.check(k, "k", axis)
     work = xp.float64 if env.float64 else compute  # the difference of two rotations, formed wide
     tables = []
-    for rope, length in ((old, old_length), (new, new_length)):
+    for rope, length, where in ((old, old_length, spec), (new, new_length, moved)):
         fixed = rope if length is None else rope.at_length(length)
-        tables.append(PositionAngles(fixed, xp, env, spec, device, traced, seq).tables(seq, work))
+        tables.append(PositionAngles(fixed, xp, env, where, device, traced, seq).tables(seq, work))
     (c_old, s_old), (c_new, s_new) = tables
     rescale = 1.0 / old.attention_scaling**2  # the product carries both scales; keep new / old
-    cos = xp.astype((c_new * c_old + s_new * s_old) * rescale, compute)
-    sin = xp.astype((s_new * c_old - c_new * s_old) * rescale, compute)
+    cos, sin = (c_new * c_old + s_new * s_old) * rescale, (s_new * c_old - c_new * s_old) * rescale
+    for rope, where, sign in ((new, moved, -1.0), (old, spec, 1.0)):  # xPos keys: new scale / old scale
+        if rope.xpos_scale_base is not None:
+            factor = xpos_scale(xp, env, where, seq, device, rope, sign, work)
+            cos, sin = cos * factor, sin * factor
+    cos, sin = xp.astype(cos, compute), xp.astype(sin, compute)
     job = Job(
         xp,
         env,
@@ -113,3 +143,51 @@ def rerotate(
         compute,
     )
     return rotate(job)
+
+
+def _no_shift(shift: Any) -> bool:
+    return type(shift) is int and shift == 0
+
+
+def _shifted(
+    xp: Any,
+    env: Environment,
+    spec: PositionSpec,
+    seq: int,
+    device: Any,
+    shift: Any,
+    streams: int,
+    traced: bool,
+) -> PositionSpec:
+    """The positions of ``spec`` moved by ``shift``, formed on the device (see :func:`rerotate`)."""
+    delta = shift
+    if type(shift) is int:  # first: a SymInt while dynamo traces, which must not be compared
+        delta = shift if traced else check_int(shift, "shift")
+    elif is_array(shift):
+        if not isdtype(xp, shift.dtype, "integral"):
+            raise TypeError(f"shift must be an int or an integer array, got dtype {shift.dtype}")
+        delta = shift if shift.dtype == env.index else xp.astype(shift, env.index)
+    elif isinstance(shift, bool) or not hasattr(shift, "__index__"):
+        raise TypeError(f"shift must be an int or an integer array, not {type(shift).__name__}")
+    else:
+        delta = check_int(shift, "shift")  # NumPy integers
+    positions = spec.positions(xp, env, seq, device)
+    if positions.dtype != env.index:
+        positions = xp.astype(positions, env.index)  # (an Offset's may be int32: the shift could overflow it)
+    rank = delta.ndim if is_array(delta) else 0
+    multi = isinstance(spec, MultiAxis)
+    if rank == 0:
+        return position_spec(xp, env, positions + delta, 0, device, traced=traced, streams=streams)
+    shape = tuple(delta.shape)
+    if streams == 1 and rank == 1:  # one shift per batch row
+        moved = positions + delta[:, None]
+    elif streams > 1 and rank in (1, 2) and shape[0] == streams:
+        if not multi:  # every stream at the same positions until now
+            positions = positions[None, ...]
+        if rank == 2 and positions.ndim == 2:  # (streams, seq) and one shift per row: add the batch axis
+            positions = positions[:, None, :]
+        moved = positions + xp.reshape(delta, (*shape, *([1] * (positions.ndim - rank))))
+    else:
+        wanted = f"(streams={streams},) or ({streams}, batch)" if streams > 1 else "(batch,)"
+        raise ValueError(f"shift of shape {shape} does not fit; give one int, a 0-d array, or shape {wanted}")
+    return position_spec(xp, env, moved, 0, device, traced=traced, streams=streams)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ._args import check_int, check_positive
@@ -12,6 +13,7 @@ from ._frequencies import Frequencies, LengthSwitch, Spectrum
 from ._layout import Layout, check_rotary_dim, normalize_layout
 from ._plan import rope_call
 from ._positions import Offset, position_spec
+from ._sections import axial_sections, check_sections
 from .scaling import Scaling
 
 __all__ = ["RoPE"]
@@ -41,6 +43,33 @@ class RoPE:
     clockwise : bool
         Turn each pair the other way, by ``-position * theta`` (NanoChat's ``rotate_half`` is
         ``cat(x2, -x1)``). Scores still depend on relative position only, with its sign flipped.
+    mrope_section : sequence of int, optional
+        M-RoPE (Qwen2-VL and later vision-language models): tokens carry one position per stream
+        (time, height, width), and ``mrope_section[s]`` frequency pairs follow stream ``s``; the
+        entries add up to ``rotary_dim // 2``. Calls then take positions of shape
+        ``(streams, seq)`` or ``(streams, batch, seq)``; 1-D positions and offsets give every
+        stream the same positions, which is plain RoPE (text tokens).
+    axial : int, optional
+        Axial RoPE for images and video (vision transformers): each token has one position per
+        axis (row and column; or frame, row, column), and each axis takes an equal contiguous
+        share of the pairs. Calls take positions of shape ``(axial, seq)`` or ``(axial, batch,
+        seq)``; :func:`anyrope.grid_positions` makes them for a patch grid.
+    axial_frequencies : str
+        How the axes share the frequencies out: "blocks" (each axis the spectrum of
+        ``rotary_dim / axial`` features: EVA-02, Llama 4 vision, rotary-embedding-torch's axial) or
+        "alternating" (the whole spectrum dealt out in turn: Pixtral's rows take the even
+        frequencies, its columns the odd ones).
+    xpos_scale_base : float, optional
+        xPos (Sun et al., 2022): q's pair ``i`` at position ``m`` is also scaled by
+        ``zeta_i ** (m / xpos_scale_base)`` and k's at ``n`` by ``zeta_i ** (-n / xpos_scale_base)``,
+        ``zeta_i = (2i / rotary_dim + 0.4) / 1.4``, so scores decay with distance, slow pairs
+        least (rotary-embedding-torch's ``use_xpos``, whose default is 512). Calls then need q
+        and k together. A key's scale grows as ``zeta ** (-n / xpos_scale_base)``: past
+        float32's range beyond ``n`` of about 70 times ``xpos_scale_base`` (float64: 560 times).
+    mrope_interleaved : bool
+        Spread the streams across the pairs (Qwen3-VL: stream ``s > 0`` takes pairs ``s, s +
+        streams, ...``, ``mrope_section[s]`` of them; the rest follow stream 0) instead of
+        contiguous sections (Qwen2-VL: the first ``mrope_section[0]`` pairs follow stream 0, ...).
 
     Examples
     --------
@@ -63,7 +92,9 @@ class RoPE:
         "_max_position",
         "_rotary_dim",
         "_scaling",
+        "_sections",
         "_spectrum",
+        "_xpos",
     )
 
     def __init__(
@@ -76,11 +107,31 @@ class RoPE:
         scaling: Any = None,
         max_position: int | None = None,
         clockwise: bool = False,
+        mrope_section: Sequence[int] | None = None,
+        mrope_interleaved: bool = False,
+        axial: int | None = None,
+        axial_frequencies: str = "blocks",
+        xpos_scale_base: float | None = None,
     ) -> None:
         if not isinstance(clockwise, bool):
             raise TypeError(f"clockwise must be True or False, not {clockwise!r}")
         head_dim = check_int(head_dim, "head_dim", low=1, even=True, why=" (features rotate in pairs)")
         rotary_dim = check_rotary_dim(head_dim if rotary_dim is None else rotary_dim, head_dim)
+        sections = check_sections(mrope_section, mrope_interleaved, rotary_dim)
+        if axial is not None:
+            if sections is not None:
+                raise ValueError(
+                    "pass mrope_section or axial, not both (each says which stream a pair follows)"
+                )
+            sections = axial_sections(axial, axial_frequencies, rotary_dim)
+        elif axial_frequencies != "blocks":
+            raise ValueError(f"axial_frequencies={axial_frequencies!r} needs axial= (the number of axes)")
+        if xpos_scale_base is not None:
+            xpos_scale_base = check_positive(xpos_scale_base, "xpos_scale_base", why=" (512 in xPos) or None")
+            if sections is not None:
+                raise ValueError(
+                    "xpos_scale_base does not combine with mrope_section or axial: xPos scales by one position"
+                )
         base = check_positive(base, "base", why=" (10000.0 in most models)")
         if max_position is not None:
             max_position = check_int(max_position, "max_position", low=1, why=" or None")
@@ -96,6 +147,8 @@ class RoPE:
         self._layout: Layout = normalize_layout(layout)
         self._max_position = max_position
         self._clockwise = clockwise
+        self._sections = sections
+        self._xpos = xpos_scale_base
         self._scaling: Scaling = scaling if scaling is not None else Scaling()
         self._spectrum = Spectrum(self._scaling, rotary_dim, self._base, max_position, None)
 
@@ -123,7 +176,9 @@ class RoPE:
             num_attention_heads``, DeepSeek's ``qk_rope_head_dim``), the rotated width
             (``partial_rotary_factor``, ``rotary_pct``, GPT-J's ``rotary_dim``), ``rope_theta``,
             ``rope_scaling`` (old, with ``type`` or ``rope_type``) or ``rope_parameters`` (v5),
-            ``max_position_embeddings``, ``original_max_position_embeddings``, ``rope_interleave``.
+            ``max_position_embeddings``, ``original_max_position_embeddings``, ``rope_interleave``,
+            and M-RoPE's ``mrope_section`` (Qwen2-VL's contiguous sections or Qwen3-VL's
+            interleaved streams, as the family's own code reads them).
         layout : str, optional
             Override the family's pairing, e.g. "interleaved" for a checkpoint kept in Meta's layout.
         layer_type : str, optional
@@ -138,7 +193,7 @@ class RoPE:
         ------
         ValueError, TypeError
             For a malformed value, naming its key; for a ``rope_type`` or a family anyrope does
-            not implement (M-RoPE among them), naming it.
+            not implement, naming it and why.
 
         Examples
         --------
@@ -190,6 +245,54 @@ class RoPE:
     base = property(lambda self: self._base, doc="The frequency base.")
     layout = property(lambda self: self._layout, doc='The canonical layout, "half" or "interleaved".')
     clockwise = property(lambda self: self._clockwise, doc="Whether pairs turn by -position * theta.")
+
+    @property
+    def mrope_section(self) -> tuple[int, ...] | None:
+        """Frequency pairs per position stream (M-RoPE), or None."""
+        return None if self._sections is None or self._sections.axial else self._sections.sizes
+
+    @property
+    def axial(self) -> int | None:
+        """The number of axes of axial RoPE, or None."""
+        return self._sections.streams if self._sections is not None and self._sections.axial else None
+
+    @property
+    def axial_frequencies(self) -> str | None:
+        """How axial RoPE shares the frequencies out ("blocks" or "alternating"), or None."""
+        return self._sections.kind if self._sections is not None and self._sections.axial else None
+
+    @property
+    def mrope_interleaved(self) -> bool:
+        """Whether M-RoPE's streams are spread across the pairs (Qwen3-VL) rather than contiguous."""
+        return self._sections is not None and self._sections.interleaved
+
+    xpos_scale_base = property(lambda self: self._xpos, doc="xPos's scale base, or None without xPos.")
+
+    @property
+    def pair_streams(self) -> tuple[int, ...]:
+        """The position stream each frequency pair follows (all 0 with one stream).
+
+        >>> import anyrope
+        >>> anyrope.RoPE(16, mrope_section=[4, 2, 2], mrope_interleaved=True).pair_streams
+        (0, 1, 2, 0, 1, 2, 0, 0)
+        """
+        return (0,) * (self._rotary_dim // 2) if self._sections is None else self._sections.stream_of
+
+    @property
+    def pair_frequencies(self) -> tuple[int, ...]:
+        """The frequency each pair turns by, as an index into the spectrum of ``rotary_dim``
+        (pair ``j`` turns by ``inv_freq[pair_frequencies[j]]``): ``0, 1, ...`` but for axial RoPE.
+
+        >>> import anyrope
+        >>> anyrope.RoPE(16, axial=2, axial_frequencies="alternating").pair_frequencies
+        (0, 2, 4, 6, 1, 3, 5, 7)
+        """
+        return tuple(range(self._rotary_dim // 2)) if self._sections is None else self._sections.freq_of
+
+    @property
+    def streams(self) -> int:
+        """Positions per token: ``len(mrope_section)`` for M-RoPE, ``axial`` for axial RoPE, else 1."""
+        return 1 if self._sections is None else self._sections.streams
 
     @property
     def scaling(self) -> Scaling | None:
@@ -265,6 +368,14 @@ class RoPE:
             parts.append(f"max_position={self._max_position}")
         if self._clockwise:
             parts.append("clockwise=True")
+        if self._sections is not None and self._sections.axial:
+            parts.append(f"axial={self._sections.streams}, axial_frequencies={self._sections.kind!r}")
+        elif self._sections is not None:
+            parts.append(f"mrope_section={list(self._sections.sizes)}")
+            if self._sections.interleaved:
+                parts.append("mrope_interleaved=True")
+        if self._xpos is not None:
+            parts.append(f"xpos_scale_base={self._xpos!r}")
         text = f"RoPE({', '.join(parts)})"
         return text if self._spectrum.fixed is None else f"{text}.at_length({self._spectrum.fixed})"
 
@@ -275,16 +386,23 @@ class RoPE:
         (for a ``clockwise`` RoPE, sin is negated: the angles are ``-position * theta``).
         Angles are formed exactly on the device (see the positions guide) and only the final
         values are cast; positions may be any integers, and any integer array of ``like``'s library.
+        For M-RoPE, positions of more than one axis have the streams first, ``(streams, ...)``,
+        and the tables have shape ``positions.shape[1:] + (rotary_dim // 2,)``.
         """
         from ._plan import PositionAngles
 
+        if self._xpos is not None:
+            raise ValueError(
+                "an xPos RoPE scales q and k by different tables, which one pair of cos and sin cannot "
+                "give: call rope(q, k)"
+            )
         xp = array_namespace(like=like, positions=positions if is_array(positions) else None)
         if not isdtype(xp, like.dtype, "real floating"):
             raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
         device = device_of(xp, like)
         traced = is_traced(xp, like, positions if is_array(positions) else None)
         env = environment(xp, device, traced=traced)
-        spec = position_spec(xp, env, positions, 0, device, ndims=None, traced=traced)
+        spec = position_spec(xp, env, positions, 0, device, ndims=None, traced=traced, streams=self.streams)
         angles = PositionAngles(self, xp, env, spec, device, traced, 0)  # explicit positions: no seq
         cos, sin = angles.tables(0, compute_dtype(xp, like.dtype))
         if self._clockwise:
@@ -336,7 +454,9 @@ class RoPE:
             ``seq_axis=-3``. k may have another head count (grouped-query attention).
         positions : array or sequence of int, optional
             Integer positions, shape ``(seq,)`` or ``(batch, seq)`` (aligned with the first axis),
-            of any integer dtype; negative positions turn the other way.
+            of any integer dtype; negative positions turn the other way. For M-RoPE
+            (``mrope_section``), ``(streams, seq)`` or ``(streams, batch, seq)``, as Qwen2-VL's
+            ``position_ids``; 1-D positions give every stream the same ones.
         offset : int, array or sequence of int
             Positions ``offset, offset + 1, ...``: the number of tokens already in the KV cache,
             as one int, a 0-d integer array (traced under ``jax.jit``, say), or one per batch

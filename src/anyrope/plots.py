@@ -22,11 +22,14 @@ from ._rope import RoPE
 
 __all__ = [
     "ROPE_CONFIG",
+    "axial",
     "decay",
     "frequencies",
     "layouts",
     "llama3_bands",
     "methods",
+    "mrope_sections",
+    "packed_layout",
     "wrap_around",
     "yarn_ramp",
 ]
@@ -210,4 +213,92 @@ def layouts(head_dim: int = 8) -> Any:
         ax.axis("off")
         name = "interleaved: (0,1), (2,3), ..." if layout == "interleaved" else "half: (i, i + d/2)"
         ax.set_title(name, fontsize=10)
+    return figure
+
+
+def mrope_sections(head_dim: int = 128) -> Any:
+    """Which position stream each frequency pair follows: Qwen2-VL's contiguous sections,
+    Qwen3-VL's interleaved streams and NeoMME's alternating rows and columns, each read from
+    the model family's config by :meth:`RoPE.from_hf_config`."""
+    plt = _pyplot()
+    models: list[tuple[str, dict[str, Any]]] = [
+        ("Qwen2-VL: contiguous mrope_section [16, 24, 24]", {"model_type": "qwen2_vl_text"}),
+        ("Qwen3-VL: interleaved, mrope_section [24, 20, 20]", {"model_type": "qwen3_vl_text"}),
+        (
+            "NeoMME: rows and columns alternate",
+            {"model_type": "neomme", "rope_parameters": {"rope_theta": 1e4}},
+        ),
+    ]
+    colours = plt.get_cmap("tab10")
+    figure, axes = plt.subplots(len(models), 1, figsize=(8, 3.4), layout="constrained")
+    for ax, (title, config) in zip(axes, models, strict=True):
+        rope = RoPE.from_hf_config({"head_dim": head_dim, **config})
+        for pair, stream in enumerate(rope.pair_streams):
+            ax.add_patch(plt.Rectangle((pair, 0), 0.9, 1, color=colours(stream), alpha=0.8))
+        ax.set_xlim(0, len(rope.pair_streams))
+        ax.set_ylim(0, 1)
+        ax.set_yticks([])
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.set_xlabel("frequency pair (0: fastest)" if ax is axes[-1] else "", fontsize=8)
+        ax.tick_params(labelsize=7)
+    names = ("time / rows", "height / columns", "width")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours(s), alpha=0.8) for s in range(3)]
+    figure.legend(handles, names, loc="outside right center", fontsize=8, title="stream", title_fontsize=8)
+    return figure
+
+
+def packed_layout(lengths: tuple[int, ...] = (5, 3, 0, 6), padding: int = 2) -> Any:
+    """A packed batch: sequences end to end along one token axis, ``cu_seqlens`` at their
+    boundaries, and the position :func:`anyrope.packed_positions` gives each token."""
+    import numpy as np
+
+    from ._packed import packed_positions
+
+    plt = _pyplot()
+    cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    total = int(cu_seqlens[-1]) + padding
+    offsets = np.array([0, 7, 0, 2][: len(lengths)], dtype=np.int64)
+    positions = packed_positions(cu_seqlens, total, offsets=offsets)
+    sequence = np.searchsorted(cu_seqlens[1:], np.arange(total), side="right")
+    colours = plt.get_cmap("tab10")
+    figure, ax = plt.subplots(figsize=(8, 1.9), layout="constrained")
+    for token in range(total):
+        padded = sequence[token] >= len(lengths)
+        colour = "lightgrey" if padded else colours(int(sequence[token]))
+        ax.add_patch(plt.Rectangle((token, 0), 0.92, 1, color=colour, alpha=0.75))
+        ax.text(token + 0.46, 0.5, str(int(positions[token])), ha="center", va="center", fontsize=9)
+    for bound in sorted(set(cu_seqlens.tolist())):  # an empty sequence: two entries, one boundary
+        names = " = ".join(f"cu_seqlens[{i}]" for i in np.flatnonzero(cu_seqlens == bound))
+        ax.axvline(bound - 0.04, color="black", linewidth=1)
+        ax.text(bound - 0.04, 1.15, f"{names} = {bound}", ha="center", fontsize=6, rotation=20)
+    ax.set_xlim(-0.2, total + 0.2)
+    ax.set_ylim(-0.3, 1.9)
+    ax.axis("off")
+    ax.set_title(
+        f"lengths {list(lengths)} + {padding} padding, offsets {offsets.tolist()}: the position of each token",
+        fontsize=9,
+        loc="left",
+    )
+    return figure
+
+
+def axial(head_dim: int = 64) -> Any:
+    """Axial RoPE for a 2-D patch grid: each pair's frequency and the axis it follows, when
+    each axis takes the spectrum of half the head ("blocks": EVA-02) or every other frequency
+    of the whole head ("alternating": Pixtral)."""
+    plt = _pyplot()
+    colours = plt.get_cmap("tab10")
+    figure, axes = plt.subplots(1, 2, figsize=(8, 2.8), layout="constrained", sharey=True)
+    for ax, kind in zip(axes, ("blocks", "alternating"), strict=True):
+        rope = RoPE(head_dim, axial=2, axial_frequencies=kind)
+        inv_freq = rope.inv_freq
+        for pair, (stream, k) in enumerate(zip(rope.pair_streams, rope.pair_frequencies, strict=True)):
+            ax.bar(pair, inv_freq[k], color=colours(stream), width=0.85)
+        ax.set_yscale("log")
+        ax.set_title(f'axial_frequencies="{kind}"', fontsize=9)
+        ax.set_xlabel("pair", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0].set_ylabel("radians per position", fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours(s)) for s in range(2)]
+    figure.legend(handles, ["rows", "columns"], loc="outside right center", fontsize=8)
     return figure

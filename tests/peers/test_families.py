@@ -1,9 +1,10 @@
 """Every model family anyrope supports, in its own transformers model, rotating with anyrope.
 
-For each supported family (``anyrope._families.FAMILIES``, no ``unsupported`` reason, no
-M-RoPE), a tiny random-weight model of the family's own classes (``tiny_models.tiny_model``)
-runs a batch of two rows, the second left-padded so the rows' position ids differ, formed as
-transformers' ``generate`` forms them:
+For each supported family (``anyrope._families.FAMILIES``, no ``unsupported`` reason), a tiny
+random-weight model of the family's own classes (``tiny_models.tiny_model``) runs a batch of two
+rows, the second left-padded so the rows' position ids differ, formed as transformers'
+``generate`` forms them (text positions, of shape (batch, seq): M-RoPE models give every stream
+the same; test_mrope_models.py runs them at image-like positions):
 
 * stock logits (hidden states for models without a head), then
   ``use_anyrope(model)`` and the same forward: equal within float32 rounding of the angles;
@@ -33,7 +34,7 @@ from peers.tiny_models import NOT_IN_MODEL, OVERRIDES, tiny_model
 
 from anyrope.integrations.transformers import is_patched, remove_anyrope, use_anyrope
 
-SUPPORTED = [f for f in FAMILIES if f.unsupported is None and f.multi_axis is None]
+SUPPORTED = [f for f in FAMILIES if f.unsupported is None]
 
 PROMPT = 8
 PAD = 3  # left padding of row 1

@@ -13,8 +13,10 @@ For each record of :data:`anyrope._families.FAMILIES` (so a new record is tested
   interleave apply, after putting anyrope's output in that order), with the features it does not
   rotate bit-identical. Families with RoPE parameters per layer type are checked for each layer
   type.
-* a family anyrope refuses (M-RoPE, or a rotation it cannot express): ``from_hf_config`` raises
-  a ValueError that names M-RoPE or the family's reason.
+  M-RoPE families get positions of shape (streams, batch, seq) that differ per stream, as an
+  image's time, height and width do.
+* a family anyrope refuses (a rotation it cannot express): ``from_hf_config`` raises a
+  ValueError that gives the family's reason.
 * families whose layers differ in theta or scaling outside ``rope_parameters`` (a per-layer theta
   list, Molmo 2's ``rope_scaling_layers``): ``from_hf_config(config, layer=i)`` against the
   rotary module the family's model builds for layer i.
@@ -77,6 +79,20 @@ POSITIONS = {
     "near": [list(range(SEQ)), list(range(5, 5 + SEQ))],
     "far": [list(range(4000, 4000 + SEQ)), [4093 + 3 * i for i in range(SEQ)]],
 }
+# M-RoPE families: (streams, batch, seq), every stream different (an image's time, height and
+# width); NeoMME's two streams are the first two.
+STREAM_POSITIONS = {
+    "near": [
+        [[0, 1, 2, 2, 2, 5], [5, 6, 7, 7, 7, 10]],
+        [[0, 1, 2, 2, 3, 5], [5, 6, 7, 8, 8, 10]],
+        [[0, 1, 2, 3, 2, 5], [5, 6, 7, 8, 7, 10]],
+    ],
+    "far": [
+        [[4000, 4001, 4002, 4002, 4002, 4005], [4093, 4096, 4099, 4099, 4099, 4108]],
+        [[4000, 4001, 4002, 4002, 4003, 4005], [4093, 4096, 4099, 4102, 4102, 4108]],
+        [[4000, 4001, 4002, 4003, 4002, 4005], [4093, 4096, 4099, 4105, 4100, 4108]],
+    ],
+}
 TABLE_LENGTH = 4160  # sinusoid tables (GPT-J, CodeGen, RoFormer) must reach the far positions
 
 
@@ -111,6 +127,9 @@ SPECS: dict[str, Spec] = {
     "muse_spark_text": Spec(rotary="MuseSparkTextRotaryEmbedding"),
     "qwen3_omni_moe_talker_code_predictor": Spec(rotary="Qwen3OmniMoeRotaryEmbedding"),
     "step3p5": Spec(rotary="Step3p7RotaryEmbedding"),
+    "qwen2_5_omni_text": Spec(rotary="Qwen2_5OmniRotaryEmbedding"),  # (not the DiT's)
+    "qwen2_5_omni_talker": Spec(rotary="Qwen2_5OmniRotaryEmbedding"),
+    "qwen3_omni_moe_talker_text": Spec(rotary="Qwen3OmniMoeTalkerRotaryEmbedding"),
     # complex freqs_cis
     "deepseek_v2": Spec(apply="apply_rotary_emb", kind="complex_bhsd"),
     "llama4_text": Spec(rotary="Llama4TextRotaryEmbedding", apply="apply_rotary_emb", kind="complex_bshd"),
@@ -155,6 +174,14 @@ SPECS: dict[str, Spec] = {
     # The default GLM-4.5 config has hidden_size=4096 with 96 heads: 4096 // 96 = 42 features, of
     # which 21 would rotate (odd). The released checkpoints set head_dim=128.
     "glm4_moe": Spec(config={"head_dim": 128}),
+    "glm4v_moe_text": Spec(config={"head_dim": 128}),  # (the same 4096 // 96)
+    "qwen3_omni_moe_text": Spec(
+        rotary="Qwen3OmniMoeThinkerTextRotaryEmbedding", config={"head_dim": 128}
+    ),  # 2048 // 28
+    # GLM-4.1V and GLM-Image default to rotating every feature, with sections for half of them
+    # (8 + 12 + 12 of 64 pairs): their checkpoints set partial_rotary_factor=0.5
+    "glm4v_text": Spec(config={"rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
+    "glm_image_text": Spec(config={"rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
     # rope_parameters has an entry for a layer type that no layer of the default config has (so
     # the rotary module builds no frequencies for it): give the model one layer of each type
     "laguna": Spec(config={"num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"]}),
@@ -162,6 +189,8 @@ SPECS: dict[str, Spec] = {
     "zaya": Spec(
         config={"num_hidden_layers": 2, "layer_types": ["hybrid", "hybrid_sliding"], "sliding_window": 128}
     ),
+    # RoPE parameters nested by layer type, and none in the default config
+    "cohere_compass_text": Spec(config={"rope_parameters": {"full_attention": {"rope_theta": 10000.0}}}),
     # whole-config switches that are off by default
     "esm": Spec(config={"position_embedding_type": "rotary"}),
     "granitemoehybrid": Spec(config={"position_embedding_type": "rope"}),
@@ -223,7 +252,7 @@ DISAGREEMENTS: dict[str, str] = {
 
 
 def _refused(family: Family) -> bool:
-    return family.unsupported is not None or family.multi_axis is not None
+    return family.unsupported is not None
 
 
 def _build_config(model_type: str, overrides: dict[str, Any]) -> Any:
@@ -324,7 +353,9 @@ def _family_head_dim(case: Case, config: Any) -> int:
         attention = _on_meta(getattr(_module_of(case.model_type, spec), spec.attention), config)
         return int(getattr(attention, "head_dim", None) or attention.head_size)
     if case.layer_type is not None and getattr(config, "per_layer_config", None) is not None:
-        config = config.per_layer_config[case.layer_type]  # heterogeneous configs: that layer type's
+        # heterogeneous configs: a layer of that type's (layers of one type may differ in keys
+        # that do not rotate, as NeoMME's sliding windows do, which transformers' view refuses)
+        config = config.per_layer_config[config.layer_types.index(case.layer_type)]
     if family.width == "mla":  # latent attention rotates a separate qk_rope_head_dim tensor
         return int(config.qk_rope_head_dim)
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
@@ -392,6 +423,8 @@ def _bounds(rope: anyrope.RoPE, q: Any, k: Any, position_ids: Any) -> tuple[Any,
     """Bounds (see the top of the file) on each feature of rotated q and k, in anyrope's feature
     order, and on each score."""
     inv_freq = torch.tensor(rope.inv_freq_at(int(position_ids.max()) + 1), dtype=torch.float64)
+    if position_ids.ndim == 3:  # M-RoPE: a bound for every stream's position bounds each pair's
+        position_ids = position_ids.abs().amax(dim=0)
     theta = position_ids.to(torch.float64)[:, None, :, None] * inv_freq  # (b, 1, s, pairs)
     angle_err = (math.log(max(rope.base, math.e)) + 8) * EPS32 * theta.abs()
     scale = rope.at_length(int(position_ids.max()) + 1).attention_scaling  # LongRoPE's may switch
@@ -433,6 +466,8 @@ def _compare(where: str, rope: anyrope.RoPE, rotate: Any, head_dim: int, permute
     generator = torch.Generator().manual_seed(sum(map(ord, seed)))
     for regime, rows in POSITIONS.items():
         position_ids = torch.tensor(rows, dtype=torch.int64)
+        if rope.streams > 1:
+            position_ids = torch.tensor(STREAM_POSITIONS[regime][: rope.streams], dtype=torch.int64)
         q = torch.randn(BATCH, HEADS, SEQ, head_dim, dtype=torch.float64, generator=generator)
         k = torch.randn(BATCH, HEADS, SEQ, head_dim, dtype=torch.float64, generator=generator)
         q_fam, k_fam = rotate(q.clone(), k.clone(), position_ids)
@@ -510,7 +545,7 @@ REFUSED = [family for family in FAMILIES if _refused(family)]
 @pytest.mark.parametrize("family", REFUSED, ids=[family.model_type for family in REFUSED])
 def test_refuses_what_it_cannot_express(family: Family) -> None:
     config = _build_config(family.model_type, REFUSED_CONFIG.get(family.model_type, {}))
-    match = "M-RoPE" if family.multi_axis is not None else re.escape(family.unsupported or "")
+    match = re.escape(family.unsupported or "")
     types = _nested_layer_types(config) or [None]
     for layer_type in [t for t in types if t is None or config.rope_parameters[t] is not None]:
         with pytest.raises(ValueError, match=match):

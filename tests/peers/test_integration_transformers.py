@@ -153,14 +153,35 @@ def test_refuses_a_model_without_rotary() -> None:
         use_anyrope(config)
 
 
-def test_refuses_m_rope_by_name() -> None:
+def test_refuses_a_family_it_cannot_express_and_patches_nothing() -> None:
+    config = transformers.HunYuanVLTextConfig(
+        **TINY,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 2, 2, 2]},
+    )
+    model = transformers.AutoModel.from_config(config)
+    with pytest.raises(ValueError, match="different position streams"):
+        use_anyrope(model)
+    assert not any(is_patched(m) for m in model.modules())
+
+
+def test_m_rope_model_takes_text_and_image_positions() -> None:
+    """A Qwen2-VL text model, patched: (batch, seq) text positions and (3, batch, seq) ones."""
     config = transformers.Qwen2VLTextConfig(
         **TINY, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
     )
-    model = transformers.AutoModel.from_config(config)
-    with pytest.raises(ValueError, match="M-RoPE"):
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config).eval()
+    ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    grid = torch.tensor([[0, 1, 2, 2, 2, 2, 4], [0, 1, 2, 2, 3, 3, 4], [0, 1, 2, 3, 2, 3, 4]])
+    inputs = [None, torch.arange(7).expand(2, 7), grid[:, None, :].expand(3, 2, 7)]
+    with torch.no_grad():
+        stock = [model(ids, position_ids=p).last_hidden_state for p in inputs]
         use_anyrope(model)
-    assert not any(is_patched(m) for m in model.modules())
+        patched = [model(ids, position_ids=p).last_hidden_state for p in inputs]
+    for before, after in zip(stock, patched, strict=True):
+        torch.testing.assert_close(after, before, rtol=0, atol=LOGITS_ATOL)
+    assert float((stock[2] - stock[1]).abs().max()) > 100 * LOGITS_ATOL  # the image positions matter
 
 
 def test_refuses_a_module_whose_tables_differ_and_patches_nothing() -> None:

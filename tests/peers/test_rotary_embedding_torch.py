@@ -7,6 +7,9 @@ rotary-embedding-torch (0.9): ``RotaryEmbedding(dim, theta=...)`` holds float32 
 interpolate_factor`` (position interpolation) and ``theta_rescale_factor`` scales theta by
 ``factor ** (dim / (dim - 2))`` (NTK-aware scaling). Angles are formed in its frequencies' dtype.
 
+``use_xpos=True`` adds xPos's decay (``rotate_queries_and_keys``), with its exponent centred on
+the middle of the sequence.
+
 Meta's reference Llama (llama/model.py) builds ``freqs_cis = polar(1, outer(t, freqs))`` in
 complex64 and rotates ``view_as_complex(x.float().reshape(..., -1, 2)) * freqs_cis``: the same
 interleaved pairs, on ``(batch, seq, heads, head_dim)`` arrays.
@@ -225,3 +228,31 @@ def test_meta_complex(flavour: str, start_pos: int) -> None:
     positions = start_pos + np.arange(seq)
     _assert_within(ours_q, theirs_q, _tolerance(xq, positions, slack=2e-6), -3)
     _assert_within(ours_k, theirs_k, _tolerance(xk, positions, slack=2e-6), -3)
+
+
+@pytest.mark.parametrize("scale_base", [512, 16])
+def test_xpos(scale_base: int) -> None:
+    """``use_xpos=True`` (``rotate_queries_and_keys``) against ``RoPE(xpos_scale_base=...)``.
+
+    The peer takes the decay's exponent from the middle of the sequence, ``(t - seq // 2) /
+    scale_base``, where anyrope takes the position itself: its q is anyrope's times ``zeta **
+    (-(seq // 2) / scale_base)`` per pair and its k anyrope's divided by that, so scores agree and
+    rotated q and k agree after that factor. Both in float64 on anyrope's frequencies; the peer's
+    zeta is a float32 buffer (relative error 6e-8, raised to at most 32 / 16 here)."""
+    rope = anyrope.RoPE(64, layout="interleaved", xpos_scale_base=float(scale_base))
+    freqs = torch.tensor(rope.inv_freq, dtype=torch.float64)
+    peer = ret.RotaryEmbedding(
+        dim=64, custom_freqs=freqs, use_xpos=True, xpos_scale_base=scale_base, cache_if_possible=False
+    )
+    q, k = _x((2, 3, 32, 64), torch.float64, seed=3), _x((2, 3, 32, 64), torch.float64, seed=4)
+    theirs_q, theirs_k = peer.rotate_queries_and_keys(q, k)
+    ours_q, ours_k = rope(q, k)
+    zeta = (torch.arange(0, 64, 2, dtype=torch.float64) / 64 + 0.4) / 1.4
+    centre = (zeta ** (-(32 // 2) / scale_base)).repeat_interleave(2)  # interleaved pairs
+    atol = 1e-6 * float(max(ours_q.abs().max(), ours_k.abs().max()))
+    torch.testing.assert_close(ours_q * centre, theirs_q, rtol=0, atol=atol)
+    torch.testing.assert_close(ours_k / centre, theirs_k, rtol=0, atol=atol)
+    scores = ours_q @ ours_k.transpose(-1, -2)
+    torch.testing.assert_close(
+        scores, theirs_q @ theirs_k.transpose(-1, -2), rtol=1e-6, atol=1e-6 * float(scores.abs().max())
+    )

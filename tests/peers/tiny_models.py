@@ -130,11 +130,32 @@ _DIA = {
 }
 _MLA = {"head_dim": None, "num_key_value_heads": 4}
 
+
+def _mrope(section: list[int], theta: float, **fields: Any) -> dict[str, Any]:
+    """M-RoPE parameters: the real models' sections scaled to the tiny head's rotated pairs."""
+    return {"rope_type": "default", "rope_theta": theta, "mrope_section": section, **fields}
+
+
+# M-RoPE sections must add up to the rotated pairs of the tiny head (16 features: 8 pairs), in the
+# real models' proportions: contiguous Qwen2-VL [16, 24, 24] -> [2, 3, 3]; interleaved Qwen3-VL
+# [24, 20, 20] -> [4, 2, 2] (h and w on pairs 1, 4 and 2, 5, the rest t, as 64 pairs give
+# "012" x 20 then "0000"). GLM-4.1V-style partial rotation (0.5 of head 128, [8, 12, 12]) keeps
+# 0.5 of a head of 32; Qwen3.5's 0.25 of head 256 ([11, 11, 10]: "012" ... "01") 0.25 of 64.
+_QWEN2_VL = {"rope_parameters": _mrope([2, 3, 3], 1000000.0)}
+_GLM4V = {"hidden_size": 128, "rope_parameters": _mrope([2, 3, 3], 10000.0, partial_rotary_factor=0.5)}
+_QWEN3_5 = {
+    "layer_types": ["linear_attention", "full_attention"],
+    "head_dim": 64,
+    "rope_parameters": _mrope([3, 3, 2], 10000.0, partial_rotary_factor=0.25),
+}
+
 #: Per-family data on top of GENERIC. Config keys (None drops a GENERIC key; a dict for a
 #: sub-config's key is merged into that sub-config's), and, starting with "_":
 #:   _model: the model class where the auto mappings have none ("module.path.Class" if not
 #:     exported); _parent: the composite model_type built instead, whose model holds this family
 #:     as a sub-module (BLT, Dia, T5Gemma); _fill: parameter-name suffix -> value after init;
+#:     _normal: parameter-name suffixes drawn from N(0, initializer_range) after init (weights
+#:     the model's own init leaves as torch.empty);
 #: and for test_families.py: _seed (the prompt's), _generate (False: the model's generate does not
 #: take token prompts), _use_cache (False: transformers cannot build the model's cache),
 #: _inputs_embeds (the model takes embeddings only), _extra (name -> shape of a fixed random
@@ -167,6 +188,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "codegen": {"hidden_size": 128, "rotary_dim": 8},  # GPT-J/CodeGen: rotary_dim 64 of head 256
     "cohere2": {"layer_types": _SW},
     "cohere2_moe": {"layer_types": _SW},
+    # rope parameters by layer type
+    "cohere_compass_text": {"rope_parameters": {"full_attention": _mrope([4, 2, 2], 10000.0)}},
+    "cosmos3_edge_text": {"rope_parameters": _mrope([4, 2, 2], 100000000.0)},
     "csm": {"codec_config": _MIMI, "text_vocab_size": 128, "_generate": False},
     "csm_depth_decoder_model": {"_model": "CsmDepthDecoderForCausalLM", "_generate": False},
     "dbrx": {
@@ -223,7 +247,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gemma3_text": {"layer_types": _SW},
     "gemma3n_text": {"layer_types": _SW, "num_kv_shared_layers": 0},
     "glm4_moe_lite": _MLA,
+    "glm4v_moe_text": {**_GLM4V, "hidden_size": 64, "head_dim": 32},
+    "glm4v_text": _GLM4V,
+    "glm_image_text": _GLM4V,
     "glm_moe_dsa": _MLA,
+    "glm_ocr_text": {"rope_parameters": _mrope([2, 3, 3], 10000.0)},  # its default rotates the whole head
     "gptj": {"hidden_size": 128, "rotary_dim": 8},
     "gradium_phonon_tts": {
         "flow_head_config": {"condition_dim": 64, "frequency_embedding_size": 16},
@@ -259,8 +287,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "encoder_config": {"sliding_windows": [[16, 4], [16, 0]], "head_dim": 16},
         "_input_values": 3200,
     },
+    # its attention output and MLP down projections start at zero: no attention, so no rotation, seen
+    "neomme": {"_normal": ("o_proj.weight", "mlp.down_proj.weight")},
     "olmo3": {"layer_types": _SW},
     "olmo_hybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    "paddleocr_vl_text": {"_model": "PaddleOCRTextModel", "rope_parameters": _mrope([2, 3, 3], 500000.0)},
     "pocket_tts": {
         "flow_head_config": {"condition_dim": 64, "frequency_embedding_size": 16},
         "audio_prompt_token_id": 124,
@@ -268,10 +299,41 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "audio_prompt_bos_token_id": 126,
         "audio_bos_token_id": 127,
     },
+    "qwen2_5_omni_talker": {"_model": "Qwen2_5OmniTalkerModel", "embedding_size": 64, **_QWEN2_VL},
+    "qwen2_5_omni_text": {"_model": "Qwen2_5OmniThinkerTextModel", **_QWEN2_VL},
+    "qwen2_5_vl_text": _QWEN2_VL,
+    "qwen2_vl_text": _QWEN2_VL,
+    "qwen3_5_moe_text": _QWEN3_5,
+    "qwen3_5_text": _QWEN3_5,
     "qwen3_next": {"layer_types": ["linear_attention", "full_attention"], "head_dim": 32},
     "qwen3_omni_moe_talker_code_predictor": {
         "_model": "Qwen3OmniMoeTalkerCodePredictorModel",
         "_inputs_embeds": True,
+    },
+    "qwen3_omni_moe_talker_text": {
+        "_model": "Qwen3OmniMoeTalkerModel",
+        "_inputs_embeds": True,  # its embed_tokens is None (the talker reads the thinker's states)
+        # its config has no such field (5.23), but its shared expert reads it
+        "shared_expert_intermediate_size": 32,
+        # its _init_weights skips the talker's experts and router (5.23): torch.empty, zeros
+        "_normal": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"),
+        "rope_parameters": _mrope([4, 2, 2], 10000.0),
+    },
+    "qwen3_omni_moe_text": {
+        "_model": "Qwen3OmniMoeThinkerTextModel",
+        "rope_parameters": _mrope([4, 2, 2], 1000000.0),
+    },
+    "qwen3_vl_moe_text": {"rope_parameters": _mrope([4, 2, 2], 500000.0)},
+    "qwen3_vl_text": {"rope_parameters": _mrope([4, 2, 2], 500000.0)},
+    "qwen4_exp_text": {
+        **_QWEN3_5,
+        "layer_types": ["linear_attention", "indexed_attention"],
+        "hc_lowrank": 8,
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 32,
+        "indexer_budget": 4,
+        "indexer_compress_ratio": 2,
     },
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
     "smollm3": {"no_rope_layers": [1, 0]},
@@ -303,6 +365,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "_fill": {"qk_norm.temp": 1.0},  # the key scale starts at 0: uniform attention, no rotation seen
     },
 }
+
 
 #: model_type -> why it is not built in-model.
 # Why a family is not built: anyrope's family data says (it also drives the docs' table).
@@ -383,8 +446,13 @@ def tiny_model(model_type: str) -> torch.nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = cls(config)
+    overrides = OVERRIDES.get(model_type, {})
+    generator = torch.Generator().manual_seed(SEED)
     for name, parameter in model.named_parameters():
-        for suffix, value in OVERRIDES.get(model_type, {}).get("_fill", {}).items():
+        for suffix, value in overrides.get("_fill", {}).items():
             if name.endswith(suffix):
                 parameter.data.fill_(value)
+        if name.endswith(tuple(overrides.get("_normal", ()))):
+            normal = torch.randn(parameter.shape, generator=generator) * GENERIC["initializer_range"]
+            parameter.data.copy_(normal)
     return model.to(torch.float32).eval()

@@ -132,8 +132,10 @@ def _all_layer_types(module: torch.nn.Module, config: Any) -> list[str | None]:
         return [None]
     names = getattr(module, "layer_types", None) or getattr(config, "layer_types", None) or []
     found: list[str | None] = sorted(set(names))
-    if params["layer_type"].default is not inspect.Parameter.empty:
-        found.append(None)
+    rope_parameters = getattr(config, "rope_parameters", None)
+    nested = isinstance(rope_parameters, dict) and any(isinstance(v, dict) for v in rope_parameters.values())
+    if params["layer_type"].default is not inspect.Parameter.empty and not nested:
+        found.append(None)  # (with parameters per layer type, the module has none for None either)
     return found or [None]
 
 
@@ -158,6 +160,11 @@ def _learn_format(module: torch.nn.Module, name: str, rope: RoPE, layer_type: st
     device = _probe_device(module)
     length = min(_PROBE_LENGTH, rope.fixed_length or _PROBE_LENGTH)
     positions = torch.arange(length, device=device)[None]
+    if (
+        rope.streams > 1
+    ):  # M-RoPE: streams that differ, so each pair's stream shows (values stay below length)
+        steps = torch.arange(1, rope.streams + 1, device=device)[:, None, None]
+        positions = positions[None] * steps % length
     x = torch.zeros((1, length, 1), dtype=torch.float32, device=device)
     stock = _call_stock(module, x, positions, layer_type)
     cos, sin = rope.cos_sin(positions, like=x)
@@ -206,6 +213,9 @@ def _anyrope_forward(patch: _Patch) -> Callable[..., Any]:
             )
         dtype = patch.table_format.dtype
         like = x if dtype is None else x.new_zeros((), dtype=dtype)
+        if rope.streams > 1 and (position_ids.ndim == 2 or position_ids.shape[0] == 1):
+            # M-RoPE modules take text positions (batch, seq) for every stream, as they expand them
+            position_ids = position_ids.expand(rope.streams, *position_ids.shape[-2:])
         cos, sin = rope.cos_sin(position_ids, like=like)
         return _expand(patch.table_format, cos, sin)
 
@@ -239,8 +249,8 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     ------
     ValueError
         Where the model has no such module, where its config is one anyrope cannot express
-        (M-RoPE, for one: the error names it), or where a module's own tables differ from
-        anyrope's; nothing is patched then.
+        (the error says why), or where a module's own tables differ from anyrope's; nothing is
+        patched then.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (a transformers model), not {type(model).__name__}")
