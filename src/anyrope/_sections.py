@@ -72,10 +72,6 @@ class Sections:
                 out.append(parts[stream][..., start:stop])
         return out[0] if len(out) == 1 else xp.concat(out, axis=-1)
 
-    def frequencies(self, inv_freq: tuple[float, ...]) -> list[tuple[float, ...]]:
-        """Each stream's own frequencies, in pair order."""
-        return [tuple(inv_freq[k] for k in indices) for indices in self.frequency_indices]
-
     def tables(self, xp: Any, positions: Any, make: Callable[[Any, int], tuple[Any, Any]]) -> tuple[Any, Any]:
         """cos and sin for ``positions`` of shape ``(streams, ...)``: ``make(stream_positions, s)``
         gives the tables of stream s's own pairs."""
