@@ -131,3 +131,17 @@ def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match:
 def test_bad_grids(call: object, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         call()  # type: ignore[operator]
+
+
+def test_rerotate_needs_the_same_axes() -> None:
+    """Keys of an axial RoPE move to another frequency split, not to another stream layout."""
+    blocks, alternating = (
+        anyrope.RoPE(16, axial=2),
+        anyrope.RoPE(16, axial=2, axial_frequencies="alternating"),
+    )
+    k = _x((1, 1, 6, 16), 3)
+    positions = anyrope.grid_positions((2, 3))
+    moved = anyrope.rerotate(blocks(k, positions=positions), blocks, alternating, positions=positions)
+    np.testing.assert_allclose(moved, alternating(k, positions=positions), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="old and new must share axial"):
+        anyrope.rerotate(k, blocks, anyrope.RoPE(16), positions=positions)

@@ -52,7 +52,8 @@ def rerotate(
         Rotated keys, ``(..., seq, head_dim)`` or as ``seq_axis`` says.
     old, new : RoPE
         The configurations the keys were rotated with and should be rotated with. They must
-        agree on head_dim, rotary_dim, layout, clockwise and M-RoPE's sections.
+        agree on head_dim, rotary_dim, layout, clockwise, and M-RoPE's sections or the axes of
+        axial RoPE (which stream each pair follows).
     positions, offset :
         Where the keys sit, as for :meth:`RoPE.__call__`.
     old_length, new_length : int, optional
@@ -94,7 +95,15 @@ def rerotate(
     for name, rope in (("old", old), ("new", new)):
         if not isinstance(rope, RoPE):
             raise TypeError(f"{name} must be an anyrope.RoPE, not {type(rope).__name__}")
-    for attr in ("head_dim", "rotary_dim", "layout", "clockwise", "mrope_section", "mrope_interleaved"):
+    for attr in (
+        "head_dim",
+        "rotary_dim",
+        "layout",
+        "clockwise",
+        "mrope_section",
+        "mrope_interleaved",
+        "axial",
+    ):
         if getattr(old, attr) != getattr(new, attr):
             hint = "; convert the layout first with to_layout" if attr == "layout" else ""
             raise ValueError(
