@@ -58,6 +58,19 @@ def _check_video(backend: Backend, mode: str, kind: str) -> None:
     assert_close(backend, k, want, "float32")
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_position_per_token_means_every_axis_alike(backend: Backend, kind: str) -> None:
+    """1-D positions and offsets put every axis at that position: each pair still turns by its
+    own axis's frequency (not the plain spectrum's, which the cached tables hold)."""
+    rope = anyrope.RoPE(16, axial=2, axial_frequencies=kind)
+    x = backend.asarray(_x((2, 6, 16), 3), "float64" if "float64" in backend.dtypes else "float32")
+    line = np.arange(4, 10)
+    every = backend.asarray(np.stack([line, line]))
+    want = backend.to_numpy(rope(x, positions=every))
+    for call in ({"positions": backend.asarray(line)}, {"offset": 4}, {"offset": [4, 4]}):
+        np.testing.assert_array_equal(backend.to_numpy(rope(x, **call)), want)
+
+
 def test_prefix_tokens_stay_exactly_as_they_are(backend: Backend) -> None:
     rope = anyrope.RoPE(16, axial=2)
     x = backend.asarray(_x((1, 2, 9, 16), 2), "float32")

@@ -161,6 +161,9 @@ class PositionAngles:
         self.host = None if traced else spec.host_range(seq)  # over the longest array
         self.seq = seq
         self.freqs = rope._frequencies_for(None if self.host is None else self.host[1] + 1)
+        sections = rope._sections
+        # whether the tables are rows of the plain spectrum's table (cached per position)
+        self.plain = not isinstance(spec, MultiAxis) and (sections is None or not sections.reordered)
         self._memo: dict[tuple[int, Any], tuple[Any, Any]] = {}
         self._lookups: dict[tuple[str, int, Any], tuple[Any, Any, Any] | None] = {}
 
@@ -229,9 +232,11 @@ class PositionAngles:
         stream's tables for its own pairs (``pick`` takes their frequencies by index), then put in
         pair order."""
         positions = self.spec.positions(self.xp, self.env, seq, self.device)
-        if not isinstance(self.spec, MultiAxis):
-            return tables(positions, inv_freq)
         sections = self.rope._sections
+        if not isinstance(self.spec, MultiAxis):  # every stream at these positions
+            if sections is not None and sections.reordered:
+                return tables(positions, pick(sections.freq_of))
+            return tables(positions, inv_freq)
         assert sections is not None  # position_spec makes MultiAxis only for M-RoPE and axial RoPE
         return sections.tables(
             self.xp, positions, lambda p, s: tables(p, pick(sections.frequency_indices[s]))
@@ -240,8 +245,8 @@ class PositionAngles:
     def _static(self, freqs: Frequencies, seq: int, dtype: Any) -> tuple[Any, Any]:
         xp, spec = self.xp, self.spec
         host = None if self.traced else spec.host_range(seq)
-        if isinstance(spec, MultiAxis):
-            host = None  # cached tables are per position, not per stream
+        if not self.plain:
+            host = None  # cached tables are per position, not per stream, in the plain spectrum's order
         if host is not None and host[0] >= 0:
             cached = self.rope._prefix(xp, self.env, freqs, host[1] + 1, dtype, self.device)
             if cached is not None:
@@ -270,7 +275,7 @@ class PositionAngles:
     def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any, Any] | None:
         """The cached prefix table and host rows into it, where the positions are host-known and
         inside it: the CPU kernels then read each token's row directly, with no gathered copy."""
-        if self.traced or isinstance(self.freqs, LengthSwitch):
+        if self.traced or isinstance(self.freqs, LengthSwitch) or not self.plain:
             return None
         key = ("lookup", seq, dtype)  # q and k of one length share it
         if key in self._lookups:

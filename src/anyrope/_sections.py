@@ -30,7 +30,9 @@ class Sections:
     """Which stream and which frequency each pair follows, and how per-stream tables are put
     back in pair order. ``kind``: "contiguous" or "interleaved" (M-RoPE), or one of ``AXIAL``."""
 
-    __slots__ = ("freq_of", "frequency_indices", "kind", "pairs_of", "pieces", "sizes", "stream_of")
+    __slots__ = (
+        "freq_of", "frequency_indices", "kind", "pairs_of", "pieces", "reordered", "sizes", "stream_of",
+    )  # fmt: skip
 
     def __init__(
         self, kind: str, sizes: tuple[int, ...], stream_of: tuple[int, ...], freq_of: tuple[int, ...]
@@ -40,6 +42,9 @@ class Sections:
         self.pairs_of = tuple(tuple(j for j, s in enumerate(stream_of) if s == t) for t in range(count))
         self.frequency_indices = tuple(tuple(freq_of[j] for j in pairs) for pairs in self.pairs_of)
         self.pieces = _pieces(stream_of, count)
+        # pairs turn by other frequencies than their own index (axial RoPE): even where every
+        # stream has the same positions, tables of the plain spectrum do not apply
+        self.reordered = freq_of != tuple(range(len(freq_of)))
 
     @property
     def streams(self) -> int:
