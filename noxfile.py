@@ -4,6 +4,7 @@ nox                       # lint and the tests of every CPU backend
 nox -s tests-torch        # one backend (torch also runs on CUDA when a GPU is present)
 nox -s tests-jax          # JAX, once with x64 off (its default) and once with it on
 nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
+nox -s tests-torch-triton # the Triton kernel for CUDA tensors, on the CPU under Triton's interpreter
 nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
 nox -s peers              # anyrope against transformers, rotary-embedding-torch, mlx.fast.rope (not by default)
 nox -s bench -- --quick   # time anyrope against a copy and the peers, into bench-results/ (not by default)
@@ -31,23 +32,33 @@ BACKENDS = {
     for data in (tomllib.loads(path.read_text()) for path in sorted(ROOT.glob("backends/*/backend.toml")))
 }
 
+VARIANTS = {f"{n}-{v}": (n, v) for n, b in BACKENDS.items() for v in b.get("variants", {})}
+
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", *(f"tests-{n}" for n, b in BACKENDS.items() if not b.get("gpu-only")), "docs"]
+nox.options.sessions = [
+    "lint",
+    *(f"tests-{n}" for n, b in BACKENDS.items() if not b.get("gpu-only")),
+    *(f"tests-{v}" for v in VARIANTS),
+    "docs",
+]
 
 
 def _has_nvidia_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None or Path("/dev/nvidia0").exists()
 
 
-def _tests(session: nox.Session, name: str) -> None:
+def _tests(session: nox.Session, name: str, variant: str | None = None) -> None:
     backend = BACKENDS[name]
     if backend.get("gpu-only") and not _has_nvidia_gpu():
         session.skip(f"{name} needs an NVIDIA GPU and this machine has none (no nvidia-smi, no /dev/nvidia0)")
-    session.install(*nox.project.dependency_groups(PYPROJECT, "test"), *backend["install"])
+    varied = backend["variants"][variant] if variant else {}
+    session.install(
+        *nox.project.dependency_groups(PYPROJECT, "test"), *varied.get("install", backend["install"])
+    )
     session.install(".")
     ids = [name]
-    for device in backend["devices"][1:]:  # e.g. torch-cuda, where the backend's probe finds one
+    for device in backend["devices"][1:] if not variant else []:  # e.g. torch-cuda, where the probe finds one
         probe = backend.get("probe", {}).get(device)
         found = probe is not None and "True" in (session.run("python", "-c", probe, silent=True) or "")
         if found:
@@ -56,11 +67,13 @@ def _tests(session: nox.Session, name: str) -> None:
             session.log(f"{name}-{device}: not tested, no {device} device here")
     # tests/peers compares against other libraries and has a session of its own, "peers".
     for env in backend.get("runs", [{}]):  # JAX: once with x64 off, once with it on
+        env = {**env, **varied.get("env", {})}
         if env:
             session.log(f"{name}: run with {env}")
         session.run(
-            "pytest", "--ignore=tests/peers", *(f"--backend={i}" for i in ids), *session.posargs, env=env
-        )
+            "pytest", "--ignore=tests/peers", *(f"--backend={i}" for i in ids), *varied.get("pytest", []),
+            *session.posargs, env=env,
+        )  # fmt: skip
 
 
 for _name in BACKENDS:
@@ -70,6 +83,14 @@ for _name in BACKENDS:
 
     _session.__doc__ = f"Conformance suite on {_name}."
     nox.session(name=f"tests-{_name}")(_session)
+
+for _variant, (_name, _kind) in VARIANTS.items():
+
+    def _varied(session: nox.Session, _name: str = _name, _kind: str = _kind) -> None:
+        _tests(session, _name, _kind)
+
+    _varied.__doc__ = f"Conformance suite on {_name}, variant {_kind!r} (see backends/{_name}/backend.toml)."
+    nox.session(name=f"tests-{_variant}")(_varied)
 
 
 # The peers' own packages, plus torch and mlx exactly as their backends/ folders install them

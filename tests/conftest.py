@@ -3,9 +3,9 @@
 Choose backends with ``--backend NAME`` (repeatable) or ``ANYROPE_BACKEND=a,b``; the default is
 every installed CPU backend. Tests that take the ``backend`` fixture run once per backend; tests
 that take ``mode`` also run under each compiler the backend declares (``compilers`` in its
-backend.toml), and tests that take ``dtype`` once per floating dtype it has. Known deviations
-(``[deviations.<feature>]`` there) apply to tests marked ``@pytest.mark.feature("<feature>")``,
-as skip or xfail.
+backend.toml; ``--mode eager`` keeps to eager runs), and tests that take ``dtype`` once per
+floating dtype it has. Known deviations (``[deviations.<feature>]`` there) apply to tests marked
+``@pytest.mark.feature("<feature>")``, as skip or xfail.
 """
 
 from __future__ import annotations
@@ -33,6 +33,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         help=f"backend to test (repeatable): one of {', '.join(target_ids())}; default: installed CPU ones",
+    )
+    parser.addoption(
+        "--mode",
+        action="append",
+        default=[],
+        choices=["eager", "compiled", "dynamic"],
+        help="run tests that take `mode` in these modes only (repeatable); default: every compiler the "
+        "backend declares, and eager",
     )
 
 
@@ -64,9 +72,10 @@ def _load(target: str) -> Backend | str:
     return _cache[target]
 
 
-def _modes(target: str) -> list[str]:
+def _modes(target: str, chosen: list[str]) -> list[str]:
     compilers = SPECS[target_ids()[target][0]].get("compilers", [])
-    return ["eager"] + (["compiled"] if compilers else []) + (["dynamic"] if len(compilers) > 1 else [])
+    every = ["eager"] + (["compiled"] if compilers else []) + (["dynamic"] if len(compilers) > 1 else [])
+    return [m for m in every if not chosen or m in chosen]
 
 
 def _dtypes(target: str) -> list[str]:
@@ -104,7 +113,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names, combos = ["backend"], [(t,) for t in targets]
     if "mode" in metafunc.fixturenames:
         names.append("mode")
-        combos = [(*c, m) for c in combos for m in _modes(c[0])]
+        combos = [(*c, m) for c in combos for m in _modes(c[0], metafunc.config.getoption("--mode"))]
     if "dtype" in metafunc.fixturenames and not _parametrized(metafunc, "dtype"):
         marker = metafunc.definition.get_closest_marker("dtypes")
         wanted = set(marker.args) if marker is not None else None

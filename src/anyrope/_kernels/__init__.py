@@ -6,7 +6,7 @@ Each module imports its library only when it runs, so importing this imports no 
 from __future__ import annotations
 
 from .._registry import ANY, Kernel
-from . import generic, mlx_compiled, numba_cpu, numpy_cpu
+from . import cupy_cuda, generic, mlx_compiled, numba_cpu, numpy_cpu, triton_cuda
 
 __all__ = ["REGISTRY"]
 
@@ -14,6 +14,36 @@ BOTH = frozenset({"half", "interleaved"})
 FLOATS = frozenset({"float32", "float64"})
 
 REGISTRY: tuple[Kernel, ...] = (
+    Kernel(
+        name="triton",
+        summary="one Triton pass per array that forms each token's angles in the kernel from the "
+        "positions (float64, exactly reduced steps: no tables in memory) and reads and writes each "
+        "pair once; a torch custom op, so torch.compile traces it and CUDA graphs capture it, whose "
+        "gradient is the inverse rotation through the same op",
+        libraries=frozenset({"torch"}),
+        devices=triton_cuda.DEVICES,
+        layouts=BOTH,
+        dtypes=FLOATS | {"float16", "bfloat16"},
+        inplace=True,
+        traceable=True,
+        differentiable=True,
+        run=triton_cuda.run,
+        requires=("triton",),
+    ),
+    Kernel(
+        name="cupy",
+        summary="the same pass in CUDA C for CuPy arrays (rope.cu, compiled by NVRTC without fused "
+        "multiply-adds): a thread per token and pair forms its angle once and rotates that pair in "
+        "a group of heads",
+        libraries=frozenset({"cupy"}),
+        devices=ANY,
+        layouts=BOTH,
+        dtypes=FLOATS | {"float16"},
+        inplace=True,
+        traceable=False,
+        differentiable=False,
+        run=cupy_cuda.run,
+    ),
     Kernel(
         name="numba",
         summary="one parallel numba pass that reads each token's table row by position "

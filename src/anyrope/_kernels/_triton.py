@@ -1,0 +1,290 @@
+"""The Triton kernel and the torch custom ops around it; imported on first use (it imports
+torch and triton).
+
+x is seen as (batch, heads, seq, trail, head_dim) with any strides (the last one 1): batch is
+x's first axis, heads the axes between it and the sequence, trail those between the sequence
+and the features. A program takes a block of tokens of one batch row, forms their angles once
+(see :mod:`._fused`), and rotates them in a group of heads: each pair is read once and written
+once. Arithmetic is the generic path's, operation for operation: float64 angles, float32 (or
+float64) rotation, one rounding to x's dtype, and no fused multiply-adds (``enable_fp_fusion``
+off), so on a GPU it differs from the generic result only where the device's cos or sin
+differ from torch's. bfloat16 is rounded with integer arithmetic (to nearest even, NaN to
+0x7FC0, as torch does on the CPU): Triton's interpreter truncates.
+
+The custom ops ``anyrope::rotate`` (out of place) and ``anyrope::rotate_`` (in place) have
+fake implementations, so ``torch.compile(fullgraph=True)`` traces them without a graph break,
+and CUDA graphs capture them (nothing here copies to or from the host). The gradient of a
+rotation is the inverse rotation, through the same op.
+"""
+
+import contextlib
+import math
+import os
+import threading
+from typing import Any, NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._fused import POSITIONS, STARTS, TABLES, Fused
+
+__all__ = ["rotate"]
+
+HALF, INVERSE, SCALED = 1, 2, 4  # flags of a call
+
+_MASK = (1 << 21) - 1  # _angles.SPLIT_BITS
+# Triton's interpreter swaps parts of triton.language while it runs a kernel: one launch at a time.
+_one_launch_at_a_time: Any = (
+    threading.Lock() if os.environ.get("TRITON_INTERPRET") == "1" else contextlib.nullcontext()
+)
+
+
+@triton.jit
+def _widen(v, BF16: tl.constexpr, COMPUTE: tl.constexpr):  # type: ignore[no-untyped-def]  # pragma: no cover
+    if BF16:
+        bits = v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+        return bits.to(tl.float32, bitcast=True)
+    return v.to(COMPUTE)
+
+
+@triton.jit
+def _narrow(v, BF16: tl.constexpr, OUT: tl.constexpr):  # type: ignore[no-untyped-def]  # pragma: no cover
+    if BF16:
+        bits = v.to(tl.uint32, bitcast=True).to(tl.int64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        return tl.where(nan, 0x7FC0, rounded).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return v.to(OUT)
+
+
+@triton.jit
+def _rotate_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton types the pointers
+    x_ptr, out_ptr, index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr,
+    start, heads, trail, seq, width,
+    sxb, sxh, sxs, sxt, sob, soh, sos, sot,
+    si_stream, si_row, si_seq, sc_row, sc_seq,
+    PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr, TAIL_P2: tl.constexpr, MODE: tl.constexpr,
+    MULTI: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr, SCALED: tl.constexpr,
+    COPY_TAIL: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr, MASK: tl.constexpr,
+    BLOCK_S: tl.constexpr, HEADS: tl.constexpr,
+):  # fmt: skip
+    COMPUTE: tl.constexpr = tl.float64 if WIDE else tl.float32
+    pid = tl.program_id(0)
+    blocks = tl.cdiv(seq, BLOCK_S)
+    groups = tl.cdiv(heads * trail, HEADS)
+    rest = pid // blocks
+    b = (rest // groups).to(tl.int64)
+    group = rest % groups
+    s = (pid % blocks) * BLOCK_S + tl.arange(0, BLOCK_S)
+    j = tl.arange(0, PAIRS_P2)
+    s_ok = s < seq
+    j_ok = j < PAIRS
+    ok = s_ok[:, None] & j_ok[None, :]
+    s = s.to(tl.int64)
+    if MODE == 3:  # TABLES: the caller's, in the compute dtype
+        where = b * sc_row + s[:, None] * sc_seq + j[None, :]
+        c = tl.load(cos_ptr + where, mask=ok, other=0.0)
+        n = tl.load(sin_ptr + where, mask=ok, other=0.0)
+    else:
+        if MODE == 0:  # OFFSET
+            p = (start + s)[:, None]
+        elif MODE == 1:  # STARTS, one per batch row
+            p = (tl.load(index_ptr + b * si_row).to(tl.int64) + s)[:, None]
+        elif MULTI:  # POSITIONS, each pair at its own stream's
+            stream = tl.load(streams_ptr + j, mask=j_ok, other=0).to(tl.int64)
+            where = stream[None, :] * si_stream + b * si_row + s[:, None] * si_seq
+            p = tl.load(index_ptr + where, mask=ok, other=0).to(tl.int64)
+        else:  # POSITIONS
+            p = tl.load(index_ptr + b * si_row + s * si_seq, mask=s_ok, other=0).to(tl.int64)[:, None]
+        # the core's float64 scheme (_angles._by_float64), step for step
+        negative = p < 0
+        magnitude = tl.where(negative, -1 - p, p)
+        f0 = tl.load(steps_ptr + j, mask=j_ok, other=0.0)[None, :]
+        f1 = tl.load(steps_ptr + PAIRS + j, mask=j_ok, other=0.0)[None, :]
+        f2 = tl.load(steps_ptr + 2 * PAIRS + j, mask=j_ok, other=0.0)[None, :]
+        low = (magnitude & MASK).to(tl.float64) * f0
+        high = magnitude >> 21
+        low = (high & MASK).to(tl.float64) * f1 + low
+        low = ((high >> 21) & MASK).to(tl.float64) * f2 + low
+        angle = tl.where(negative, -(low + f0), low)
+        c = tl.cos(angle).to(COMPUTE)
+        n = tl.sin(angle).to(COMPUTE)
+        if SCALED:
+            scale = tl.load(steps_ptr + 3 * PAIRS + j, mask=j_ok, other=0.0).to(COMPUTE)[None, :]
+            c = c * scale
+            n = n * scale
+    if INVERSE:
+        n = -n
+    if HALF:
+        first = j[None, :]
+        second = first + PAIRS
+    else:
+        first = 2 * j[None, :]
+        second = first + 1
+    tail = 2 * PAIRS + tl.arange(0, TAIL_P2)[None, :]
+    for h in range(HEADS):
+        head = group * HEADS + h
+        live = head < heads * trail  # the last group may be short: its extra heads do nothing
+        a = (head // trail).to(tl.int64)
+        t = (head % trail).to(tl.int64)
+        x_row = x_ptr + b * sxb + a * sxh + t * sxt + s[:, None] * sxs
+        out_row = out_ptr + b * sob + a * soh + t * sot + s[:, None] * sos
+        here = s_ok[:, None] & (j < tl.where(live, PAIRS, 0))[None, :]
+        x1 = _widen(tl.load(x_row + first, mask=here, other=0.0), BF16, COMPUTE)
+        x2 = _widen(tl.load(x_row + second, mask=here, other=0.0), BF16, COMPUTE)
+        out_type = out_ptr.dtype.element_ty
+        tl.store(out_row + first, _narrow(x1 * c - x2 * n, BF16, out_type), mask=here)
+        tl.store(out_row + second, _narrow(x2 * c + x1 * n, BF16, out_type), mask=here)
+        if COPY_TAIL:
+            kept = s_ok[:, None] & (tail < tl.where(live, width, 0))
+            tl.store(out_row + tail, tl.load(x_row + tail, mask=kept), mask=kept)
+
+
+def _five(x: torch.Tensor, seq_axis: int) -> torch.Tensor | None:
+    """x as (batch, heads, seq, trail, head_dim) sharing its memory, or None where its strides
+    do not allow that view (or its features are not adjacent)."""
+    shape, at = tuple(x.shape), x.ndim + seq_axis
+    batch = shape[0] if at >= 1 else 1
+    heads = math.prod(shape[1:at]) if at >= 1 else 1
+    five = (batch, heads, shape[at], math.prod(shape[at + 1 : -1]), shape[-1])
+    try:
+        view = x.view(five)
+    except RuntimeError:
+        return None
+    return view if view.stride(-1) == 1 or five[-1] == 1 else None
+
+
+class Angles(NamedTuple):
+    """A call's angles as the ops take them (see :class:`._fused.Fused`), and its flags."""
+
+    positions: torch.Tensor | None  # or the starts
+    start: int
+    steps: torch.Tensor | None
+    streams: torch.Tensor | None
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    mode: int
+    pairs: int
+    flags: int
+
+
+def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles) -> None:
+    """Rotate five-axis ``x`` into five-axis ``out`` (which may be x)."""
+    batch, heads, seq, trail, width = x.shape
+    if x.numel() == 0:
+        return
+    index, cos, sin = angles.positions, angles.cos, angles.sin
+    mode, pairs, flags = angles.mode, angles.pairs, angles.flags
+    pairs_p2 = triton.next_power_of_2(pairs)
+    block_s = max(1, min(triton.next_power_of_2(seq), 2048 // pairs_p2))
+    group = min(8, heads * trail)
+    grid = (batch * triton.cdiv(heads * trail, group) * triton.cdiv(seq, block_s),)
+    si = (0, 0, 0)  # strides of the index: (stream, row, token); 0 where shared
+    if index is not None and mode == STARTS:
+        si = (0, index.stride(0) if index.shape[0] > 1 else 0, 0)
+    elif index is not None and mode == POSITIONS:
+        si = (index.stride(0), index.stride(1) if index.shape[1] > 1 else 0, index.stride(2))
+    sc = (0, 0)
+    if cos is not None and sin is not None and mode == TABLES:
+        if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+            cos, sin = cos.contiguous(), sin.contiguous()
+        sc = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1))
+    pointers = [x if a is None else a for a in (index, angles.steps, angles.streams, cos, sin)]
+    with _one_launch_at_a_time:
+        _rotate_kernel[grid](
+            x, out, *pointers,  # x where the mode reads nothing
+            angles.start, heads, trail, seq, width,
+            x.stride(0), x.stride(1), x.stride(2), x.stride(3),
+            out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+            *si, *sc,
+            PAIRS=pairs, PAIRS_P2=pairs_p2, TAIL_P2=triton.next_power_of_2(max(1, width - 2 * pairs)),
+            MODE=mode, MULTI=angles.streams is not None, HALF=bool(flags & HALF),
+            INVERSE=bool(flags & INVERSE), SCALED=bool(flags & SCALED),
+            COPY_TAIL=out.data_ptr() != x.data_ptr() and width > 2 * pairs,
+            WIDE=x.dtype == torch.float64, BF16=x.dtype == torch.bfloat16, MASK=_MASK,
+            BLOCK_S=block_s, HEADS=group, enable_fp_fusion=False,
+        )  # fmt: skip
+
+
+def _run(x: torch.Tensor, out: torch.Tensor, angles: Angles, seq_axis: int) -> None:
+    """Rotate x into out (which may be x) of any strides."""
+    out5 = _five(out, seq_axis)
+    if out5 is None:  # into a dense buffer, then copied through out's strides
+        dense = torch.empty_like(x, memory_format=torch.contiguous_format)
+        _run(x, dense, angles, seq_axis)
+        out.copy_(dense)
+        return
+    x5 = _five(x, seq_axis)
+    if x5 is None:
+        x5 = _five(x.contiguous(), seq_axis)
+        assert x5 is not None
+    _launch(x5, out5, angles)
+
+
+# The two ops share their arguments after x: the call's Angles (its mode named "source": torch
+# keeps "mode" for itself), then x's sequence axis.
+_ARGUMENTS = (
+    "Tensor? index, SymInt start, Tensor? steps, Tensor? streams, Tensor? cos, Tensor? sin, "
+    "int source, int pairs, int flags, int seq_axis"
+)
+torch.library.define("anyrope::rotate", f"(Tensor x, {_ARGUMENTS}) -> Tensor")
+torch.library.define("anyrope::rotate_", f"(Tensor(a!) x, {_ARGUMENTS}) -> ()")
+
+
+@torch.library.impl("anyrope::rotate", "default")
+def _rotate(x: torch.Tensor, *call: Any) -> torch.Tensor:
+    """x rotated into a new tensor of its shape, dtype and device."""
+    out = torch.empty_like(x)
+    _run(x, out, Angles(*call[:-1]), call[-1])
+    return out
+
+
+@torch.library.impl("anyrope::rotate_", "default")
+def _rotate_inplace(x: torch.Tensor, *call: Any) -> None:
+    """x rotated in place."""
+    _run(x, x, Angles(*call[:-1]), call[-1])
+
+
+@torch.library.register_fake("anyrope::rotate")
+def _rotate_fake(x: torch.Tensor, *call: Any) -> torch.Tensor:  # noqa: ARG001 - the op's signature
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("anyrope::rotate_")
+def _rotate_inplace_fake(x: torch.Tensor, *call: Any) -> None:  # noqa: ARG001 - the op's signature
+    return None
+
+
+def _setup_backward(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:  # noqa: ARG001
+    angles, seq_axis = Angles(*inputs[1:-1]), inputs[-1]
+    ctx.save_for_backward(angles.positions, angles.steps, angles.streams, angles.cos, angles.sin)
+    ctx.call = (angles.start, angles.mode, angles.pairs, angles.flags ^ INVERSE, seq_axis)
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    """A rotation is linear and orthogonal: its vector-Jacobian product is the inverse rotation."""
+    index, steps, streams, cos, sin = ctx.saved_tensors
+    start, mode, pairs, flags, seq_axis = ctx.call
+    back = torch.ops.anyrope.rotate(
+        grad, index, start, steps, streams, cos, sin, mode, pairs, flags, seq_axis
+    )
+    return (back, *([None] * 10))
+
+
+torch.library.register_autograd("anyrope::rotate", _backward, setup_context=_setup_backward)
+
+
+def rotate(job: Any, fused: Fused) -> torch.Tensor:
+    """Run ``job`` through the ops: out of place, in place, or into ``job.out``."""
+    flags = (HALF if job.layout == "half" else 0) | (INVERSE if job.inverse else 0)
+    flags |= SCALED if fused.scaled else 0
+    angles = (fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin)
+    call = (*angles, fused.mode, fused.pairs, flags, job.seq_axis)
+    if job.out is None:
+        return torch.ops.anyrope.rotate(job.x, *call)  # type: ignore[no-any-return]
+    if job.out is job.x:
+        torch.ops.anyrope.rotate_(job.x, *call)
+        return job.x  # type: ignore[no-any-return]
+    job.out.copy_(torch.ops.anyrope.rotate(job.x, *call))
+    return job.out  # type: ignore[no-any-return]

@@ -1,0 +1,29 @@
+"""The Triton kernel for PyTorch CUDA tensors (see :mod:`._triton`, imported on first use).
+
+Under Triton's interpreter (``TRITON_INTERPRET=1``) it takes CPU tensors too: that is how the
+test suite holds it to the generic path on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from ._fused import fused
+
+if TYPE_CHECKING:
+    from .._plan import Job
+
+__all__ = ["DEVICES", "run"]
+
+#: CUDA (and ROCm, which torch also calls "cuda"); the CPU as well under Triton's interpreter
+DEVICES = frozenset({"cuda", "cpu"} if os.environ.get("TRITON_INTERPRET") == "1" else {"cuda"})
+
+
+def run(job: Job) -> Any:
+    angles = fused(job)
+    if angles is None:
+        return None
+    from . import _triton
+
+    return _triton.rotate(job, angles)

@@ -1,0 +1,203 @@
+"""The Triton kernel beyond the shared kernel tests (tests/test_kernels.py): its torch custom ops,
+compiled without a graph break, captured in a CUDA graph, on strided and unusual inputs, and
+the calls it leaves to the generic kernel.
+
+It runs on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``,
+``nox -s tests-torch-triton``); elsewhere these tests skip.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import anyrope
+from anyrope._compat import environment
+from anyrope.scaling import DynamicNTK
+
+from harness import Backend
+
+TRITON = next(k for k in anyrope.kernels() if k.name == "triton")
+
+
+@pytest.fixture
+def torch_backend(backend: Backend) -> Backend:
+    if backend.name != "torch":
+        pytest.skip("the Triton kernel takes torch tensors")
+    device_type = environment(backend.xp, backend.device).device_type
+    if device_type not in TRITON.devices:
+        pytest.skip(f"the Triton kernel runs on {device_type} only under TRITON_INTERPRET=1")
+    if not TRITON.available:
+        pytest.skip("triton is not installed")
+    return backend
+
+
+def _tensor(backend: Backend, shape: tuple[int, ...], dtype: str = "float32", seed: int = 0) -> Any:
+    return backend.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
+def _both(call: Any) -> tuple[Any, Any]:
+    with anyrope.use_fast_paths("triton"):
+        fast = call()
+    with anyrope.use_fast_paths(False):
+        generic = call()
+    return fast, generic
+
+
+def test_custom_ops_pass_opcheck(torch_backend: Backend) -> None:
+    """Schemas, fake (meta) implementations, autograd registration and AOT dispatch."""
+    import torch
+
+    from anyrope._kernels import _triton
+
+    x = _tensor(torch_backend, (2, 3, 5, 16)).requires_grad_()
+    steps = torch.tensor(
+        [[1.0, 0.1, 0.01, 0.001], [0.5, 0.05, 0.005, 0.0005], [0.2, 0.02, 0.002, 0.0002], [1.0] * 4],
+        dtype=torch.float64,
+        device=x.device,
+    )
+    positions = torch.arange(10, dtype=torch.int64, device=x.device).reshape(2, 5)[None]
+    args = (positions, 0, steps, None, None, None, 2, 4, _triton.HALF, -2)
+    torch.library.opcheck(torch.ops.anyrope.rotate.default, (x, *args))
+    torch.library.opcheck(torch.ops.anyrope.rotate_.default, (x.detach().clone(), *args))
+
+
+def test_compiled_without_graph_break(torch_backend: Backend) -> None:
+    """torch.compile(fullgraph=True) traces the op itself (not the generic formula) for q and k,
+    with positions as a tensor and an int offset."""
+    import torch
+
+    rope = anyrope.RoPE(32, rotary_dim=24)
+    q, k = _tensor(torch_backend, (2, 4, 7, 32)), _tensor(torch_backend, (2, 2, 7, 32), seed=1)
+    positions = torch_backend.asarray(np.arange(14).reshape(2, 7) * 37)
+    seen: list[str] = []
+
+    def spy(graph: Any, inputs: Any) -> Any:
+        seen.extend(str(node.target) for node in graph.graph.nodes)
+        return graph.forward
+
+    def both(q: Any, k: Any, p: Any) -> Any:
+        return rope(q, k, positions=p), rope(q, offset=5)
+
+    with anyrope.use_fast_paths("triton"):
+        (got_q, got_k), shifted = torch.compile(both, fullgraph=True, backend=spy)(q, k, positions)
+    assert sum("anyrope.rotate" in target for target in seen) == 3, seen
+    (want_q, want_k), want_shifted = _both(lambda: both(q, k, positions))[1]
+    for got, want in ((got_q, want_q), (got_k, want_k), (shifted, want_shifted)):
+        assert torch.equal(got, want)
+
+
+def test_strided_inputs(torch_backend: Backend) -> None:
+    """q as (batch, heads, seq, head_dim) views of (batch, seq, heads, head_dim) and of a fused
+    qkv projection; in place through strides the kernel cannot view as its five axes."""
+    import torch
+
+    rope = anyrope.RoPE(16, layout="interleaved")
+    stored = _tensor(torch_backend, (2, 9, 4, 16))
+    q = stored.transpose(1, 2)  # not contiguous
+    qkv = _tensor(torch_backend, (2, 9, 3, 4, 16), seed=2)
+    from_qkv = qkv[:, :, 0].transpose(1, 2)
+    for x in (q, from_qkv):
+        fast, generic = _both(lambda x=x: rope(x, offset=[2, 7]))
+        assert torch.equal(fast, generic)
+    twisted = _tensor(torch_backend, (4, 9, 2, 16), seed=3).permute(
+        2, 0, 1, 3
+    )  # (2, 4, 9, 16), batch strided
+    want = _both(lambda: rope(twisted.clone(), offset=[2, 7]))[1]
+    with anyrope.use_fast_paths("triton"):
+        got = rope(twisted, offset=[2, 7], inplace=True)
+    assert got is twisted
+    assert torch.equal(twisted, want)
+
+
+def test_many_heads_and_tokens(torch_backend: Backend) -> None:
+    """Several token blocks, and a last group of heads that is not full (11 heads in groups of 8)."""
+    import torch
+
+    rope = anyrope.RoPE(128)
+    x = _tensor(torch_backend, (1, 11, 70, 128), "bfloat16")
+    for call in ({"offset": 3}, {"positions": torch_backend.asarray(np.arange(70)[::-1].copy())}):
+        fast, generic = _both(lambda call=call: rope(x, **call))
+        assert torch.equal(fast, generic)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "int32"])
+def test_narrow_position_dtypes(torch_backend: Backend, dtype: str) -> None:
+    import torch
+
+    rope = anyrope.RoPE(16)
+    x = _tensor(torch_backend, (2, 3, 6, 16))
+    positions = torch.tensor([[250, 0, 7, 3, 255, 1], [9, 8, 7, 6, 5, 4]], dtype=getattr(torch, dtype))
+    fast, generic = _both(lambda: rope(x, positions=positions.to(x.device)))
+    assert torch.equal(fast, generic)
+
+
+def test_declines_what_it_cannot_form(torch_backend: Backend) -> None:
+    """xPos, and DynamicNTK choosing its frequencies on the device, go to the generic kernel by
+    default; forced, the Triton kernel says it declined."""
+    import torch
+
+    x = _tensor(torch_backend, (2, 3, 6, 16))
+    xpos = anyrope.RoPE(16, xpos_scale_base=512.0)
+    dynamic = anyrope.RoPE(16, scaling=DynamicNTK(2.0, original_max_position=4))
+
+    def traced_dynamic(x: Any, p: Any) -> Any:
+        return dynamic(x, positions=p)
+
+    positions = torch_backend.asarray(np.arange(6))
+    q, _k = xpos(x, x)
+    with anyrope.use_fast_paths(False):
+        want_q, _ = xpos(x, x)
+        want_dynamic = dynamic(x, positions=positions)
+    assert torch.equal(q, want_q)
+    assert torch.equal(
+        torch.compile(traced_dynamic, fullgraph=True, backend="aot_eager")(x, positions), want_dynamic
+    )
+    with (
+        pytest.raises(ValueError, match="kernel 'triton' cannot rotate q here: it declined"),
+        anyrope.use_fast_paths("triton"),
+    ):
+        xpos(x, x)
+
+
+def test_cuda_graph_replays_new_positions(torch_backend: Backend) -> None:
+    """Captured once, replayed with other positions written into the same tensor: no host copy,
+    no sync inside."""
+    import torch
+
+    if torch_backend.device_kind != "cuda":
+        pytest.skip("CUDA graphs need a CUDA device")
+    rope = anyrope.RoPE(64)
+    x = _tensor(torch_backend, (4, 8, 1, 64), "bfloat16")
+    offsets = torch.tensor([0, 5, 9, 100], device=x.device)
+    with anyrope.use_fast_paths("triton"):
+        rope(x, offset=offsets)  # warm: compile the kernel, cache the constants
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = rope(x, offset=offsets)
+    for new in ([1, 2, 3, 4], [4096, 0, 77, 123456]):
+        offsets.copy_(torch.tensor(new))
+        graph.replay()
+        with anyrope.use_fast_paths(False):
+            assert torch.equal(out, rope(x, offset=offsets))
+
+
+def test_kernel_compiles_for_nvidia_gpus() -> None:
+    """What the interpreter cannot check: the kernel through Triton's compiler and ptxas, for
+    A100 and H100, in each angle mode and dtype (tests/triton_aot.py)."""
+    if not TRITON.available:
+        pytest.skip("triton is not installed")
+    script = Path(__file__).with_name("triton_aot.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "0"  # silences Triton 3.9's notice; the launch sets it anyway
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, check=False, timeout=900
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.split() == ["14"]
