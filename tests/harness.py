@@ -89,6 +89,8 @@ class Backend:
     deviations: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def dtype(self, name: str) -> Any:
+        if self.name == "dask":  # NumPy's dtypes (the standard's namespace has no float16)
+            return np.dtype(name)
         return getattr(self.xp, name)
 
     @property
@@ -104,6 +106,12 @@ class Backend:
             dtype = str(a.dtype)
             if dtype == "int64":
                 dtype = self.index
+        if self.name == "dask":  # in chunks of 2 along every axis but a float array's features
+            import dask.array as da
+
+            whole = a.dtype.kind == "f" and a.ndim >= 1
+            chunks = tuple(-1 if whole and axis == a.ndim - 1 else 2 for axis in range(a.ndim))
+            return da.from_array(a.astype(dtype), chunks=chunks or -1)
         if a.dtype.kind in "iu":
             return xp.asarray(a.astype(dtype), dtype=getattr(xp, dtype), device=self.device)
         # Go through float64 (or float32 for the 16-bit types) so values are rounded exactly once.
@@ -120,6 +128,8 @@ class Backend:
             return x.detach().cpu().numpy()
         if self.name == "cupy":
             return x.get()
+        if self.name == "dask":
+            return np.asarray(x.compute())
         if self.name in ("mlx", "numpy", "jax"):
             return np.asarray(x)
         return np.from_dlpack(x)
@@ -189,6 +199,8 @@ def make_backend(target: str) -> Backend:
         probe = module.zeros(1)
     elif name in ("mlx", "jax"):
         probe = importlib.import_module("jax.numpy" if name == "jax" else "mlx.core").zeros(1)
+    elif name == "dask":
+        probe = module.zeros(1)
     else:
         probe = module.asarray([0.0])
     from anyrope._compat import array_namespace, device_of

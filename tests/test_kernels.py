@@ -181,6 +181,8 @@ def test_kernel_gradients_match_generic(
     assert_close(backend, fast, backend.to_numpy(generic), dtype)
 
 
+# dask computes in worker threads, where np.errstate (thread-local) does not reach
+@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_sixteen_bit_kernels_are_bit_exact(
@@ -199,8 +201,9 @@ def test_sixteen_bit_kernels_are_bit_exact(
                 fast = rope(x, **call)
             with _generic():
                 generic = rope(x, **call)
-        assert fast.dtype == x.dtype
-        np.testing.assert_array_equal(backend.to_numpy(fast), backend.to_numpy(generic))
+            assert fast.dtype == x.dtype
+            fast, generic = backend.to_numpy(fast), backend.to_numpy(generic)  # lazy arrays: here
+        np.testing.assert_array_equal(fast, generic)
 
 
 def _codec_loops(storage: str) -> tuple[Any, Any]:

@@ -80,10 +80,11 @@ def check_writable(
     xp: Any, named: list[tuple[str, Any]], *, how: str = "inplace=", traced: bool = False
 ) -> None:
     """Everything in-place writing needs, checked for every array before any is written."""
-    if is_mlx_namespace(xp) or is_library(xp, "jax.numpy"):
+    if is_mlx_namespace(xp) or is_library(xp, "jax.numpy") or is_library(xp, "dask.array"):
+        kind = "lazy" if is_library(xp, "dask.array") else "immutable"
         raise TypeError(
             f"{how} needs mutable arrays (NumPy, PyTorch, CuPy); {library_name(xp)} arrays "
-            "are immutable, so use the returned array"
+            f"are {kind}, so use the returned array"
         )
     for arg, x in named:
         if not is_writeable(xp, x):

@@ -6,7 +6,7 @@ Each module imports its library only when it runs, so importing this imports no 
 from __future__ import annotations
 
 from .._registry import ANY, Kernel
-from . import cupy_cuda, generic, mlx_compiled, numba_cpu, numpy_cpu, triton_cuda
+from . import cupy_cuda, dask_blocks, generic, mlx_compiled, numba_cpu, numpy_cpu, triton_cuda
 
 __all__ = ["REGISTRY"]
 
@@ -93,6 +93,19 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=True,
         differentiable=True,
         run=mlx_compiled.run,
+    ),
+    Kernel(
+        name="dask-blocks",
+        summary="dask arrays block by block: each chunk with its own tokens' positions through the "
+        "kernels of its library (numba on NumPy chunks); lazy, no communication, x's chunks kept",
+        libraries=frozenset({"dask.array"}),
+        devices=ANY,
+        layouts=BOTH,
+        dtypes=ANY,
+        inplace=False,
+        traceable=False,
+        differentiable=False,
+        run=dask_blocks.run,
     ),
     Kernel(
         name="generic",

@@ -1,0 +1,186 @@
+"""Dask arrays, block by block: each chunk of x, with the positions of its own tokens, through
+the registry's kernels for the chunk's library (numba on NumPy chunks, where installed).
+
+RoPE is elementwise per token and feature pair, so a chunk rotates on its own once it has its
+tokens' positions: the call's positions become a dask array chunked like x along the batch and
+sequence axes (an offset becomes ``arange``, per-row offsets add one), and ``blockwise`` hands
+each block of x its block of positions. No communication, and nothing computed during the call.
+
+A pair spans the feature axis, so that axis must be one chunk: a split one is joined along that
+axis alone, and the result split back, so the output has x's chunks. Length-dependent scaling
+(DynamicNTK, LongRoPE) takes its frequencies from ``max(positions) + 1`` over every block: the
+maximum is a lazy reduction handed to each block (or known on the host).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from .._compat import device_of, environment, namespace_and_library
+from .._dtypes import compute_dtype
+from .._plan import Job, PositionAngles
+from .._positions import MultiAxis, position_spec
+from .._registry import rotate, use_fast_paths
+from .._rotate import GivenTables
+from .._xpos import XPosAngles
+
+if TYPE_CHECKING:
+    from .._rope import RoPE
+
+__all__ = ["run"]
+
+
+def run(job: Job) -> Any:
+    x, seq_axis = job.x, job.seq_axis
+    unknown = [axis for axis, sizes in enumerate(x.chunks) if any(math.isnan(size) for size in sizes)]
+    if unknown:
+        raise ValueError(
+            f"{job.arg} has chunks of unknown size along axes {unknown}; call "
+            f"{job.arg}.compute_chunk_sizes() first (RoPE pairs each token with its position)"
+        )
+    work = x.rechunk({x.ndim - 1: -1}) if len(x.chunks[-1]) > 1 else x  # a pair spans the features
+    at = x.ndim + seq_axis
+    axes = tuple(range(x.ndim))
+    angles = job.angles
+    if isinstance(angles, GivenTables):
+        out = _with_tables(job, work, at, axes, angles)
+    else:
+        sign = angles.sign if isinstance(angles, XPosAngles) else None
+        base = angles.angles if isinstance(angles, XPosAngles) else angles
+        if type(base) is not PositionAngles:
+            return None
+        out = _with_positions(job, work, at, axes, base, sign)
+    return out if work is x else out.rechunk(x.chunks)
+
+
+def _aligned(work: Any, table: Any, at: int, rows: int, axes: tuple[int, ...], extra: int) -> tuple[Any, Any]:
+    """``table`` shaped (rows, seq, ...) or (seq, ...) chunked like x's batch and sequence axes,
+    with its blockwise indices (trailing axes get indices x does not have: whole in every block)."""
+    tail = table.ndim - (2 if rows > 1 else 1)
+    if rows > 1:
+        chunks: dict[int, Any] = {0: work.chunks[0], 1: work.chunks[at]}
+        index: tuple[int, ...] = (axes[0], axes[at])
+    else:
+        chunks, index = {0: work.chunks[at]}, (axes[at],)
+    chunks |= {len(index) + i: -1 for i in range(tail)}
+    return table.rechunk(chunks), (*index, *range(len(axes) + extra, len(axes) + extra + tail))
+
+
+def _dask() -> Any:
+    import importlib
+
+    return importlib.import_module("dask.array")  # typed as Any: the lint environment lacks dask
+
+
+def _with_tables(job: Job, work: Any, at: int, axes: tuple[int, ...], given: GivenTables) -> Any:
+    da = _dask()
+
+    cos, sin = given.cos, given.sin
+    rows = cos.shape[0] if cos.ndim == 3 else 1
+    if cos.ndim == 3 and rows == 1:
+        cos, sin = cos[0], sin[0]
+    cos, index = _aligned(work, cos, at, rows, axes, 0)
+    sin, _ = _aligned(work, sin, at, rows, axes, 0)
+    return da.blockwise(
+        _apply_block, axes, work, axes, cos, index, sin, index, dtype=work.dtype, meta=work._meta,
+        concatenate=True, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis,
+    )  # fmt: skip
+
+
+def _with_positions(
+    job: Job, work: Any, at: int, axes: tuple[int, ...], angles: PositionAngles, sign: float | None
+) -> Any:
+    da = _dask()
+
+    rope, spec = angles.rope, angles.spec
+    seq = work.shape[at]
+    positions = spec.positions(job.xp, angles.env, seq, angles.device)
+    streams = 1
+    if isinstance(spec, MultiAxis):
+        streams = positions.shape[0]
+        positions = positions.rechunk({0: -1})
+    rows = positions.shape[-2] if positions.ndim - (streams > 1) == 2 else 1
+    if rows == 1 and positions.ndim - (streams > 1) == 2:  # one row shared by the batch
+        positions = positions[:, 0] if streams > 1 else positions[0]
+    if streams > 1:  # the streams axis first, whole in every block: blockwise contracts it
+        moved = da.moveaxis(positions, 0, -1)
+        positions, index = _aligned(work, moved, at, rows, axes, 0)
+        positions, index = da.moveaxis(positions, -1, 0), (index[-1], *index[:-1])
+    else:
+        positions, index = _aligned(work, positions, at, rows, axes, 0)
+    extra: list[Any] = []
+    if rope._spectrum.length_dependent:  # one length for every block: max(positions) + 1
+        if angles.host is not None:
+            rope = rope.at_length(max(1, angles.host[1] + 1))
+        else:
+            extra = [spec.largest(job.xp, angles.env, seq, angles.device), ()]
+    return da.blockwise(
+        _rotate_block, axes, work, axes, positions, index, *extra, dtype=work.dtype, meta=work._meta,
+        concatenate=True, rope=rope, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis, sign=sign,
+        multi=isinstance(spec, MultiAxis),
+    )  # fmt: skip
+
+
+def _block_namespace(block: Any) -> tuple[Any, Any, Any]:
+    xp, _ = namespace_and_library(("x", block))
+    device = device_of(xp, block)
+    return xp, device, environment(xp, device)
+
+
+def _rotate_block(
+    block: Any,
+    positions: Any,
+    *largest: Any,
+    rope: RoPE,
+    layout: Any,
+    inverse: bool,
+    seq_axis: int,
+    sign: float | None,
+    multi: bool,
+) -> Any:
+    """One chunk of x rotated by its tokens' positions, through the registry."""
+    xp, device, env = _block_namespace(block)
+    if largest:
+        rope = rope.at_length(max(1, int(largest[0]) + 1))
+    if type(positions).__module__.split(".")[0] != type(block).__module__.split(".")[0]:
+        positions = xp.asarray(positions, device=device)  # CuPy chunks: their positions on the GPU
+    if rope.streams > 1 and not multi and positions.ndim == 2:  # per-row offsets: every stream alike
+        positions = xp.stack([positions] * rope.streams)
+    spec = position_spec(xp, env, positions, 0, device, streams=rope.streams)
+    angles: Any = PositionAngles(rope, xp, env, spec, device, False, block.shape[seq_axis])
+    if sign is not None:
+        angles = XPosAngles(angles, sign)
+    job = Job(
+        xp,
+        env,
+        block,
+        "x",
+        seq_axis,
+        layout,
+        inverse,
+        None,
+        angles,
+        False,
+        False,
+        compute_dtype(xp, block.dtype),
+    )
+    return _rotate(job)
+
+
+def _apply_block(block: Any, cos: Any, sin: Any, *, layout: Any, inverse: bool, seq_axis: int) -> Any:
+    """One chunk of x rotated by its rows of the caller's tables."""
+    xp, _, env = _block_namespace(block)
+    compute = compute_dtype(xp, block.dtype)
+    cos, sin = xp.astype(cos, compute, copy=False), xp.astype(sin, compute, copy=False)
+    job = Job(
+        xp, env, block, "x", seq_axis, layout, inverse, None, GivenTables(cos, sin), False, False, compute
+    )
+    return _rotate(job)
+
+
+def _rotate(job: Job) -> Any:
+    """A chunk through its library's kernels: this kernel was chosen when the call was made, and a
+    chunk is computed later, perhaps in another thread or process, whatever the switch is there."""
+    with use_fast_paths(True):
+        return rotate(job)
