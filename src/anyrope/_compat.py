@@ -140,11 +140,26 @@ def namespace_and_library(first: tuple[str, Any], *others: tuple[str, Any]) -> t
 
 
 def device_of(xp: Any, x: Any) -> Any:
-    """The device of ``x``; MLX arrays live in unified memory, so the default device's name stands in."""
+    """The device of ``x``; MLX arrays live in unified memory, so the default device's name stands in.
+
+    A JAX array sharded over several devices has a sharding for its device; what a call makes
+    beside it (positions, constant tables) is then replicated over the same devices, so it
+    combines with every shard where that shard lives, with no communication."""
     if isinstance(xp, MLXNamespace):
         return str(xp.default_device())  # a fresh Device object each call: keep a stable label
     device = getattr(x, "device", None)  # the standard's attribute; NumPy < 2 lacks it
-    return device if device is not None else array_api_compat.device(x)
+    if device is None:
+        return array_api_compat.device(x)
+    if library_name(xp) == "jax.numpy" and hasattr(device, "spec") and hasattr(device, "mesh"):
+        shardings = _jax_sharding()
+        return shardings.NamedSharding(device.mesh, shardings.PartitionSpec())
+    return device
+
+
+def _jax_sharding() -> Any:
+    import importlib
+
+    return importlib.import_module("jax.sharding")  # as Any: the lint environment lacks JAX
 
 
 @dataclass(frozen=True, eq=False)
@@ -289,4 +304,21 @@ def take_rows(xp: Any, table: Any, indices: Any) -> Any:
     """
     if is_library(xp, "torch"):
         return table.index_select(0, indices)
+    if is_library(xp, "jax.numpy"):
+        return _jax_take_rows(xp, table, indices)
     return xp.take(table, indices, axis=0)
+
+
+def _jax_take_rows(xp: Any, table: Any, indices: Any) -> Any:
+    """Under an explicitly sharded mesh JAX asks where a gather's result lives: with its indices
+    (rows of a replicated table, gathered where each index is, with no communication)."""
+    import jax
+
+    typeof: Any = getattr(jax, "typeof", None)  # JAX >= 0.6
+    sharding: Any = getattr(typeof(indices), "sharding", None) if typeof is not None else None
+    spec = getattr(sharding, "spec", None)
+    if spec is None or all(part is None for part in spec):
+        return xp.take(table, indices, axis=0)
+    shardings = _jax_sharding()
+    rows = shardings.NamedSharding(sharding.mesh, shardings.PartitionSpec(*spec, None))
+    return table.at[indices].get(out_sharding=rows)
