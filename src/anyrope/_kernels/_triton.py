@@ -275,16 +275,16 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 torch.library.register_autograd("anyrope::rotate", _backward, setup_context=_setup_backward)
 
 
-def rotate(job: Any, fused: Fused) -> torch.Tensor:
+def rotate(job: Any, fused: Fused) -> Any:
     """Run ``job`` through the ops: out of place, in place, or into ``job.out``."""
     flags = (HALF if job.layout == "half" else 0) | (INVERSE if job.inverse else 0)
     flags |= SCALED if fused.scaled else 0
     angles = (fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin)
     call = (*angles, fused.mode, fused.pairs, flags, job.seq_axis)
     if job.out is None:
-        return torch.ops.anyrope.rotate(job.x, *call)  # type: ignore[no-any-return]
+        return torch.ops.anyrope.rotate(job.x, *call)
     if job.out is job.x:
         torch.ops.anyrope.rotate_(job.x, *call)
-        return job.x  # type: ignore[no-any-return]
+        return job.x
     job.out.copy_(torch.ops.anyrope.rotate(job.x, *call))
-    return job.out  # type: ignore[no-any-return]
+    return job.out
