@@ -1,3 +1,6 @@
+# /// script
+# dependencies = ["nox>=2025.2"]
+# ///
 """Sessions: one conformance-test session per backend (from backends/*/backend.toml), and lint.
 
 nox                       # lint and the tests of every CPU backend
@@ -19,6 +22,8 @@ import sys
 from pathlib import Path
 
 import nox
+
+nox.needs_version = ">=2025.2"  # dependency groups (nox.project.dependency_groups)
 
 if sys.version_info >= (3, 11):
     import tomllib
