@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import subprocess
@@ -122,3 +123,28 @@ def test_help_runs_as_module() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: python -m anyrope")
     assert "self-check" in result.stdout
+
+
+def test_backend_names_are_the_ones_nox_and_pytest_use() -> None:
+    """One spelling everywhere: the self-check's backends are backends/ names."""
+    from harness import SPECS
+
+    assert {b.name for b in _selfcheck.BACKENDS} <= set(SPECS)
+
+
+def test_self_check_covers_sixteen_bit_floats(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("numpy")
+    assert main(["-b", "numpy"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert any(" float16 " in r and r.endswith(" ok") for r in rows)
+    assert any(" bfloat16 " in r and "skipped (no bfloat16" in r for r in rows)  # NumPy has none
+
+
+def test_self_check_lists_the_fused_kernels(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("numpy")
+    main(["-b", "numpy"])
+    out = capsys.readouterr().out
+    numba = next(line for line in out.splitlines() if line.strip().startswith("numba "))
+    found = importlib.util.find_spec("numba") is not None
+    assert numba.endswith("available") if found else numba.endswith('pip install "anyrope[numba]"')
+    assert "mlx-compiled" not in out  # only kernels for the libraries checked

@@ -15,9 +15,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m anyrope",
         description=(
-            "List the array libraries anyrope finds installed (NumPy, PyTorch, MLX, JAX, CuPy, "
-            "array-api-strict) and self-check RoPE on each of their devices, in float32 and float64, "
-            "against a plain-Python oracle. Exits with 0 when every check that ran passed."
+            "List the array libraries anyrope finds installed (NumPy, PyTorch, MLX, JAX, CuPy, Dask, "
+            "array-api-strict) and self-check RoPE on each of their devices, in every floating dtype "
+            "each has (float16, bfloat16, float32, float64), against a plain-Python oracle; then list "
+            "the fused kernels and whether they can run. Exits with 0 when every check that ran passed."
         ),
     )
     parser.add_argument(

@@ -33,7 +33,10 @@ SHAPE = (2, 3, 5, 8)
 BASE = 10000.0
 OFFSET = 5
 PARTIAL = 4  # the partial-rotary case rotates half of each head
-TOLERANCE = {"float32": 1e-5, "float64": 1e-12}  # absolute: the inputs lie in [-1, 1]
+# Absolute, for inputs in [-1, 1] and outputs below sqrt(2): float32 and float64 round once; a
+# 16-bit result and the oracle's, each rounded to the dtype, differ by up to two of its steps
+# near sqrt(2) (float16: 2**-10 each; bfloat16: 2**-7 each, its inputs rounded too).
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "float16": 2.0**-9, "bfloat16": 2.0**-5}
 CHECKS = ("oracle, half", "oracle, interleaved", "layout equivalence")
 
 
@@ -139,6 +142,8 @@ def max_abs_diff(a: Any, b: Any) -> float:
     if tuple(a.shape) != tuple(b.shape):
         return math.inf
     xp = array_namespace(a=a, b=b)
+    if a.dtype != xp.float64:  # 16-bit differences in float32: exact, and every library has it
+        a, b = xp.astype(a, xp.float32), xp.astype(b, xp.float32)
     return float(xp.max(xp.abs(a - b)))
 
 
@@ -216,7 +221,25 @@ def check_target(name: str, version: str, target: Target) -> Iterator[Row]:
 def _numpy() -> list[Target]:
     import numpy as np
 
-    return [Target("cpu", lambda data, dtype: np.asarray(data, dtype=getattr(np, dtype)))]
+    return [
+        Target(
+            "cpu", lambda data, dtype: np.asarray(data, dtype=getattr(np, dtype)), {"bfloat16": _NO_BFLOAT16}
+        )
+    ]
+
+
+_NO_BFLOAT16 = "no bfloat16 in this library"
+
+
+def _dask() -> list[Target]:
+    import numpy as np
+
+    da: Any = importlib.import_module("dask.array")  # as Any: the lint environment lacks dask
+
+    def make(data: Nested, dtype: str) -> Any:  # chunked, so the check crosses chunk borders
+        return da.from_array(np.asarray(data, dtype=getattr(np, dtype)), chunks=(1, 2, 2, -1))
+
+    return [Target("cpu", make, {"bfloat16": _NO_BFLOAT16})]
 
 
 def _torch() -> list[Target]:
@@ -297,7 +320,7 @@ def _cupy() -> list[Target]:
         return cupy.asarray(data, dtype=getattr(cupy, dtype))  # on the current device: see scope
 
     def target(index: int) -> Target:
-        return Target(f"cuda:{index}", make, {}, lambda: cupy.cuda.Device(index))
+        return Target(f"cuda:{index}", make, {"bfloat16": _NO_BFLOAT16}, lambda: cupy.cuda.Device(index))
 
     return [target(i) for i in range(count)]
 
@@ -312,7 +335,8 @@ def _array_api_strict() -> list[Target]:
 
     # str(device) is "array_api_strict.Device('CPU_DEVICE')": keep the name only.
     label = re.sub(r"^.*\('(.*)'\)$", r"\1", str(device))
-    return [Target(label, make)]
+    no_sixteen = "the standard has no 16-bit floats"
+    return [Target(label, make, {"float16": no_sixteen, "bfloat16": no_sixteen})]
 
 
 BACKENDS: tuple[Backend, ...] = (
@@ -328,8 +352,9 @@ BACKENDS: tuple[Backend, ...] = (
         _cupy,
         'pip install "anyrope[cupy]"',
     ),
+    Backend("dask", "dask.array", ("dask",), _dask, 'pip install "anyrope[dask]"'),
     Backend(
-        "array_api_strict",
+        "array-api-strict",  # the name nox, pytest and backends/ use
         "array_api_strict",
         ("array-api-strict",),
         _array_api_strict,
@@ -386,7 +411,7 @@ class _Table:
             max([len(HEADER[0]), *(len(b.name) for b in backends)]),
             max([len(HEADER[1]), *(len(v) for v in versions)]),
             len("CPU_DEVICE"),
-            len("float64"),
+            len("bfloat16"),
             max(len(c) for c in CHECKS),
         )
 
@@ -400,6 +425,31 @@ class _Table:
 
     def row(self, row: Row) -> None:
         self._line((row.backend, row.version, row.device, row.dtype, row.check, row.result))
+
+
+_HINTS = {"numba": 'pip install "anyrope[numba]"', "triton": "pip install triton"}
+
+
+def fast_paths(installed: Sequence[Backend]) -> list[str]:
+    """One line per fused kernel for the installed libraries: where it runs, and whether it can
+    (what to install where it cannot)."""
+    from ._registry import _installed, kernels
+
+    modules = {backend.module for backend in installed}
+    lines = []
+    for kernel in kernels()[:-1]:  # the generic kernel, last, runs wherever none of these does
+        libraries = kernel.libraries & modules
+        if not libraries:
+            continue
+        where = ", ".join(sorted(libraries)) + (
+            f" on {', '.join(sorted(kernel.devices))}" if kernel.devices else ""
+        )
+        missing = [module for module in kernel.requires if not _installed(module)]
+        state = (
+            "available" if not missing else "not available: " + "; ".join(_HINTS.get(m, m) for m in missing)
+        )
+        lines.append(f"  {kernel.name:<14} {where:<26} {state}")
+    return lines
 
 
 def run(backends: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
@@ -437,6 +487,12 @@ def run(backends: Sequence[str] | None = None, *, out: TextIO | None = None) -> 
             table.row(row)
             counts[row.status] += 1
     print(file=out)
+    lines = fast_paths(installed)
+    if lines:
+        print("fused kernels (the generic array-API code runs wherever none applies):", file=out)
+        for line in lines:
+            print(line, file=out)
+        print(file=out)
     for backend in missing:
         print(f"not installed: {backend.name} ({backend.install})", file=out)
     print(f"{counts['ok']} checks passed, {counts['FAIL']} failed, {counts['skipped']} skipped", file=out)
