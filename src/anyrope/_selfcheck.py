@@ -303,7 +303,10 @@ def _jax() -> list[Target]:
 
         return Target(f"{device.platform}:{device.id}", make, unsupported)
 
-    return [target(device) for device in jax.devices()]
+    devices = jax.devices()
+    if devices[0].platform == "cpu":  # CPU devices are one processor (e.g. XLA's forced count): one will do
+        devices = devices[:1]
+    return [target(device) for device in devices]
 
 
 def _cupy() -> list[Target]:
