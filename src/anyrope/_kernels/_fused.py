@@ -16,6 +16,7 @@ the position stream it follows. Shapes, dtypes and devices only: it runs under t
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING, Any
 
 from .._angles import SPLIT_BITS
@@ -30,7 +31,7 @@ from .._rotate import GivenTables
 if TYPE_CHECKING:
     from .._plan import Job
 
-__all__ = ["LEVELS", "OFFSET", "POSITIONS", "STARTS", "TABLES", "Fused", "fused"]
+__all__ = ["LEVELS", "OFFSET", "POSITIONS", "STARTS", "TABLES", "Fused", "five", "fused"]
 
 # How the kernels find a token's angle: ``start + s``, ``starts[b] + s``, ``positions[stream,
 # b, s]``, or the caller's tables ``cos[b, s]``.
@@ -67,6 +68,16 @@ class Fused:
     ) -> None:
         self.mode, self.pairs, self.rows, self.start, self.index = mode, pairs, rows, start, index
         self.steps, self.streams, self.scaled, self.cos, self.sin = steps, streams, scaled, cos, sin
+
+
+def five(shape: tuple[int, ...], seq_axis: int) -> tuple[int, int, int, int, int]:
+    """How the kernels see x of ``shape``: (batch, heads, seq, trail, head_dim), batch its first
+    axis, heads the axes between that and the sequence, trail those between the sequence and the
+    features."""
+    at = len(shape) + seq_axis
+    batch = shape[0] if at >= 1 else 1
+    heads = math.prod(shape[1:at]) if at >= 1 else 1
+    return batch, heads, shape[at], math.prod(shape[at + 1 : -1]), shape[-1]
 
 
 def fused(job: Job) -> Fused | None:

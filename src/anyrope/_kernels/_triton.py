@@ -18,7 +18,6 @@ rotation is the inverse rotation, through the same op.
 """
 
 import contextlib
-import math
 import os
 import threading
 from typing import Any, NamedTuple
@@ -27,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._fused import POSITIONS, STARTS, TABLES, Fused
+from ._fused import POSITIONS, STARTS, TABLES, Fused, five
 
 __all__ = ["rotate"]
 
@@ -144,15 +143,12 @@ def _rotate_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton
 def _five(x: torch.Tensor, seq_axis: int) -> torch.Tensor | None:
     """x as (batch, heads, seq, trail, head_dim) sharing its memory, or None where its strides
     do not allow that view (or its features are not adjacent)."""
-    shape, at = tuple(x.shape), x.ndim + seq_axis
-    batch = shape[0] if at >= 1 else 1
-    heads = math.prod(shape[1:at]) if at >= 1 else 1
-    five = (batch, heads, shape[at], math.prod(shape[at + 1 : -1]), shape[-1])
+    shape = five(tuple(x.shape), seq_axis)
     try:
-        view = x.view(five)
+        view = x.view(shape)
     except RuntimeError:
         return None
-    return view if view.stride(-1) == 1 or five[-1] == 1 else None
+    return view if view.stride(-1) == 1 or shape[-1] == 1 else None
 
 
 class Angles(NamedTuple):

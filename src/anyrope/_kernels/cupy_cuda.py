@@ -7,12 +7,11 @@ NumPy in the tests, which run the same source built for the host by nvcc.
 
 from __future__ import annotations
 
-import math
 import threading
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ._fused import POSITIONS, STARTS, TABLES, Fused, fused
+from ._fused import POSITIONS, STARTS, TABLES, Fused, five, fused
 
 if TYPE_CHECKING:
     from .._plan import Job
@@ -28,15 +27,6 @@ TYPES = {"float16": "__half", "float32": "float", "float64": "double"}  # CuPy h
 def source() -> str:
     """The kernel's CUDA source."""
     return resources.files(__package__).joinpath("rope.cu").read_text()
-
-
-def five(shape: tuple[int, ...], seq_axis: int) -> tuple[int, int, int, int, int]:
-    """(batch, heads, seq, trail, head_dim) for x of ``shape``: batch its first axis, heads the
-    axes between that and the sequence, trail those between the sequence and the features."""
-    at = len(shape) + seq_axis
-    batch = shape[0] if at >= 1 else 1
-    heads = math.prod(shape[1:at]) if at >= 1 else 1
-    return batch, heads, shape[at], math.prod(shape[at + 1 : -1]), shape[-1]
 
 
 def _library(a: Any) -> Any:

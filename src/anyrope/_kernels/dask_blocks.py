@@ -54,7 +54,7 @@ def run(job: Job) -> Any:
     return out if work is x else out.rechunk(x.chunks)
 
 
-def _aligned(work: Any, table: Any, at: int, rows: int, axes: tuple[int, ...], extra: int) -> tuple[Any, Any]:
+def _aligned(work: Any, table: Any, at: int, rows: int, axes: tuple[int, ...]) -> tuple[Any, Any]:
     """``table`` shaped (rows, seq, ...) or (seq, ...) chunked like x's batch and sequence axes,
     with its blockwise indices (trailing axes get indices x does not have: whole in every block)."""
     tail = table.ndim - (2 if rows > 1 else 1)
@@ -64,7 +64,7 @@ def _aligned(work: Any, table: Any, at: int, rows: int, axes: tuple[int, ...], e
     else:
         chunks, index = {0: work.chunks[at]}, (axes[at],)
     chunks |= {len(index) + i: -1 for i in range(tail)}
-    return table.rechunk(chunks), (*index, *range(len(axes) + extra, len(axes) + extra + tail))
+    return table.rechunk(chunks), (*index, *range(len(axes), len(axes) + tail))
 
 
 def _dask() -> Any:
@@ -80,8 +80,8 @@ def _with_tables(job: Job, work: Any, at: int, axes: tuple[int, ...], given: Giv
     rows = cos.shape[0] if cos.ndim == 3 else 1
     if cos.ndim == 3 and rows == 1:
         cos, sin = cos[0], sin[0]
-    cos, index = _aligned(work, cos, at, rows, axes, 0)
-    sin, _ = _aligned(work, sin, at, rows, axes, 0)
+    cos, index = _aligned(work, cos, at, rows, axes)
+    sin, _ = _aligned(work, sin, at, rows, axes)
     return da.blockwise(
         _apply_block, axes, work, axes, cos, index, sin, index, dtype=work.dtype, meta=work._meta,
         concatenate=True, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis,
@@ -105,10 +105,10 @@ def _with_positions(
         positions = positions[:, 0] if streams > 1 else positions[0]
     if streams > 1:  # the streams axis first, whole in every block: blockwise contracts it
         moved = da.moveaxis(positions, 0, -1)
-        positions, index = _aligned(work, moved, at, rows, axes, 0)
+        positions, index = _aligned(work, moved, at, rows, axes)
         positions, index = da.moveaxis(positions, -1, 0), (index[-1], *index[:-1])
     else:
-        positions, index = _aligned(work, positions, at, rows, axes, 0)
+        positions, index = _aligned(work, positions, at, rows, axes)
     extra: list[Any] = []
     if rope._spectrum.length_dependent:  # one length for every block: max(positions) + 1
         if angles.host is not None:
