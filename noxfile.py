@@ -1,3 +1,4 @@
+#!/usr/bin/env -S uv run --script
 # /// script
 # dependencies = ["nox>=2025.2"]
 # ///
@@ -200,3 +201,7 @@ def docs(session: nox.Session) -> None:
     session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "doctest", "docs", "docs/_build/doctest")
     _chromium(session)
     session.run("python", "docs/check_pages.py", "docs/_build/html")
+
+
+if __name__ == "__main__":  # ./noxfile.py, with uv installing the nox of the script block
+    nox.main()
