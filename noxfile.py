@@ -116,8 +116,12 @@ def tests_lowest(session: nox.Session) -> None:
     1.26 and numba 0.60 have no wheels for later ones).
     """
     session.install("uv")  # pip has no lowest-versions resolution
+    # Nothing here needs torch, and uv does not see this machine's local CPU build: were a
+    # requirement to pull one in, it would come as a CUDA build of several GB.
+    excluded = Path(session.create_tmp()) / "excluded.txt"
+    excluded.write_text("torch\n")
     session.run(
-        "uv", "pip", "install", "--python", str(Path(session.bin) / "python"),
+        "uv", "pip", "install", "--python", str(Path(session.bin) / "python"), "--excludes", str(excluded),
         "--resolution", "lowest-direct", *nox.project.dependency_groups(PYPROJECT, "test"), ".[numpy,numba]",
     )  # fmt: skip
     session.run("pytest", "--ignore=tests/peers", "--backend=numpy", *session.posargs)
