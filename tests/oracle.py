@@ -7,9 +7,6 @@ features (a, b) are: (i, i + r/2) for "half", (2i, 2i + 1) for "interleaved".
 
 from __future__ import annotations
 
-import functools
-from decimal import Decimal, localcontext
-
 import numpy as np
 
 EPS = {
@@ -27,18 +24,11 @@ TOLERANCE = {"float64": 1e-12, "float32": 1e-6, "float16": 4e-3, "bfloat16": 3e-
 
 
 def inv_freq(rotary_dim: int, base: float = 10000.0) -> np.ndarray:
-    """theta_i: the float nearest base ** e for the float64 exponent e = -2i / r, worked out in
-    decimal. Not np.power: where NumPy's vectorised power is off by an ulp (SVML on AVX-512 CPUs,
-    NumPy 1.24 to 1.26, numpy/numpy#23289), position 20,000 turns that ulp into 1.8e-12."""
-    return np.array(_exact_powers(rotary_dim, float(base)))
-
-
-@functools.lru_cache(maxsize=256)
-def _exact_powers(rotary_dim: int, base: float) -> tuple[float, ...]:
+    """theta_i = base ** (-2i / r), each by the C library's pow on Python floats. Not np.power,
+    whose vectorised loop is an ulp or more off on some CPUs (SVML on AVX-512, NumPy 1.24 to
+    1.26): at position 20,000 one ulp of theta moves cos and sin by 1.8e-12."""
     exponents = -np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
-    with localcontext() as ctx:
-        ctx.prec = 40
-        return tuple(float(Decimal(base) ** Decimal(float(e))) for e in exponents)
+    return np.array([float(base) ** float(e) for e in exponents])
 
 
 def pairs(rotary_dim: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
@@ -175,6 +165,7 @@ _PI = "3.14159265358979323846264338327950288419716939937510582097494459230781640
 def exact_cos_sin(positions: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of ``p * theta`` for integer p of any size, the product and its reduction
     modulo 2 pi done in 80-digit decimal arithmetic (theta taken as the exact float it is)."""
+    from decimal import Decimal, localcontext
     from fractions import Fraction
 
     with localcontext() as ctx:
