@@ -1,3 +1,4 @@
+#!/usr/bin/env -S uv run --script
 # /// script
 # dependencies = ["nox>=2025.2"]
 # ///
@@ -9,6 +10,7 @@ nox -s tests-jax          # JAX, once with x64 off (its default) and once with i
 nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
 nox -s tests-torch-triton # the Triton kernel for CUDA tensors, on the CPU under Triton's interpreter
 nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
+nox -s tests-lowest        # the NumPy suite at the lowest versions the metadata allows
 nox -s peers              # anyrope against transformers, rotary-embedding-torch, mlx.fast.rope (not by default)
 nox -s bench -- --quick   # time anyrope against a copy and the peers, into bench-results/ (not by default)
 nox -s docs               # the Sphinx site (warnings are errors), its doctests, and a headless-browser check
@@ -41,12 +43,18 @@ VARIANTS = {f"{n}-{v}": (n, v) for n, b in BACKENDS.items() for v in b.get("vari
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = [
-    "lint",
-    *(f"tests-{n}" for n, b in BACKENDS.items() if not b.get("gpu-only")),
-    *(f"tests-{v}" for v in VARIANTS),
-    "docs",
-]
+# `nox` alone runs every session not marked default=False (all but tests-cupy, peers and bench),
+# in the order they are defined here.
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (lint and format) and mypy --strict."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    session.install("-e", ".")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
 
 
 def _has_nvidia_gpu() -> bool:
@@ -81,13 +89,13 @@ def _tests(session: nox.Session, name: str, variant: str | None = None) -> None:
         )  # fmt: skip
 
 
-for _name in BACKENDS:
+for _name, _backend in BACKENDS.items():
 
     def _session(session: nox.Session, _name: str = _name) -> None:
         _tests(session, _name)
 
     _session.__doc__ = f"Conformance suite on {_name}."
-    nox.session(name=f"tests-{_name}")(_session)
+    nox.session(name=f"tests-{_name}", default=not _backend.get("gpu-only"))(_session)
 
 for _variant, (_name, _kind) in VARIANTS.items():
 
@@ -96,6 +104,27 @@ for _variant, (_name, _kind) in VARIANTS.items():
 
     _varied.__doc__ = f"Conformance suite on {_name}, variant {_kind!r} (see backends/{_name}/backend.toml)."
     nox.session(name=f"tests-{_variant}")(_varied)
+
+
+@nox.session(name="tests-lowest")
+def tests_lowest(session: nox.Session) -> None:
+    """The NumPy conformance suite at the lowest versions that anyrope's metadata allows.
+
+    uv's lowest-direct resolution takes the floor of each requirement named here: anyrope's own
+    (array-api-compat), its numpy and numba extras and the test group; what those pull in comes
+    at its newest. On the Python that runs nox: the floors are for Python 3.10 to 3.12 (NumPy
+    1.26 and numba 0.60 have no wheels for later ones).
+    """
+    session.install("uv")  # pip has no lowest-versions resolution
+    # Nothing here needs torch, and uv does not see this machine's local CPU build: were a
+    # requirement to pull one in, it would come as a CUDA build of several GB.
+    excluded = Path(session.create_tmp()) / "excluded.txt"
+    excluded.write_text("torch\n")
+    session.run(
+        "uv", "pip", "install", "--python", str(Path(session.bin) / "python"), "--excludes", str(excluded),
+        "--resolution", "lowest-direct", *nox.project.dependency_groups(PYPROJECT, "test"), ".[numpy,numba]",
+    )  # fmt: skip
+    session.run("pytest", "--ignore=tests/peers", "--backend=numpy", *session.posargs)
 
 
 # The peers' own packages, plus torch and mlx exactly as their backends/ folders install them
@@ -112,7 +141,7 @@ PEERS = [
 ]
 
 
-@nox.session
+@nox.session(default=False)
 def peers(session: nox.Session) -> None:
     """anyrope against other implementations (tests/peers); not run by default.
 
@@ -126,7 +155,7 @@ def peers(session: nox.Session) -> None:
     session.run("pytest", "tests/peers", "tests/test_readme.py", *session.posargs)
 
 
-@nox.session
+@nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """python -m anyrope bench: medians and ratios to a copy and to the peers; not run by default.
 
@@ -178,11 +207,5 @@ def docs(session: nox.Session) -> None:
     session.run("python", "docs/check_pages.py", "docs/_build/html")
 
 
-@nox.session
-def lint(session: nox.Session) -> None:
-    """ruff (lint and format) and mypy --strict."""
-    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
-    session.install("-e", ".")
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
-    session.run("mypy")
+if __name__ == "__main__":  # ./noxfile.py, with uv installing the nox of the script block
+    nox.main()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._angles import SPLIT_BITS
 from .._cache import table_cache, untracked
+from .._compat import device_of
 from .._dtypes import int_info
 from .._exact import turns
 from .._frequencies import LengthSwitch
@@ -133,7 +134,7 @@ def _given_tables(job: Job, given: GivenTables) -> Fused | None:
 
 def _usable(job: Job, index: Any) -> bool:
     bits, signed = int_info(job.xp, index.dtype)
-    return (signed or bits < 64) and index.device == job.x.device
+    return (signed or bits < 64) and device_of(job.xp, index) == device_of(job.xp, job.x)
 
 
 def host_steps(per_pair: tuple[float, ...], scale: float) -> tuple[tuple[float, ...], ...]:
@@ -150,7 +151,7 @@ def _constants(
 ) -> tuple[Any, Any]:
     """The steps (and the streams) on the device: made there once and kept (a copy per call
     could not be replayed by a CUDA graph); made afresh while traced, where nothing is kept."""
-    xp, device = job.xp, job.x.device
+    xp, device = job.xp, device_of(job.xp, job.x)  # NumPy < 2 arrays have no .device
 
     def build() -> tuple[Any, Any]:
         rows = (host_steps if job.traced else _remembered)(per_pair, scale)
