@@ -146,20 +146,28 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "anyrope", "bench", "--out", "bench-results", *session.posargs)
 
 
-def _chromium(session: nox.Session) -> None:
-    """Debian's chromium and chromium-driver for the browser check, installed if missing (as root)."""
+def _chromium(session: nox.Session) -> bool:
+    """Debian's chromium and chromium-driver for the browser check: True once both are on PATH.
+
+    Installed when missing where we are root with apt-get. Elsewhere (macOS, Linux without root)
+    the check is skipped with the reason, so the README's test command passes there; CI sets
+    ANYROPE_REQUIRE_BROWSER_CHECK=1 (.ci/run), which turns that skip into an error.
+    """
     if shutil.which("chromium") and shutil.which("chromedriver"):
-        return
+        return True
     if not (shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0):
-        session.error(
-            "the docs check needs chromium and chromedriver: apt-get install chromium chromium-driver"
-        )
+        reason = "no chromium and chromedriver here, and no apt-get as root to install them"
+        if os.environ.get("ANYROPE_REQUIRE_BROWSER_CHECK") == "1":
+            session.error(f"the browser check is required (ANYROPE_REQUIRE_BROWSER_CHECK=1): {reason}")
+        session.warn(f"browser check skipped: {reason} (apt-get install chromium chromium-driver)")
+        return False
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     session.run("apt-get", "update", "-q", external=True, env=env)  # a fresh machine's lists may be stale
     session.run(
         "apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium", "chromium-driver",
         external=True, env=env,
     )  # fmt: skip
+    return True
 
 
 @nox.session
@@ -174,8 +182,8 @@ def docs(session: nox.Session) -> None:
     shutil.rmtree(ROOT / "docs" / "_build", ignore_errors=True)
     session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", "docs/_build/html")
     session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "doctest", "docs", "docs/_build/doctest")
-    _chromium(session)
-    session.run("python", "docs/check_pages.py", "docs/_build/html")
+    if _chromium(session):
+        session.run("python", "docs/check_pages.py", "docs/_build/html")
 
 
 @nox.session

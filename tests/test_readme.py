@@ -19,6 +19,10 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     test_command = next(c for c in commands if "nox" in c)
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test_command in ci_lines
+    # the docs session may skip its browser check elsewhere, never on CI
+    required = "export ANYROPE_REQUIRE_BROWSER_CHECK=1"
+    assert required in ci_lines
+    assert ci_lines.index(required) < ci_lines.index(test_command)
 
 
 def test_readme_has_the_main_job_command() -> None:
