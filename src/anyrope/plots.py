@@ -167,7 +167,7 @@ def decay(max_distance: int = 2000) -> Any:
 
 
 def wrap_around(max_distance: int = 50, max_position: int = 2048) -> Any:
-    """The seed paper's two figures: angle difference mod 2*pi against distance for the first
+    """He and Xu's two figures (2023): angle difference mod 2*pi against distance for the first
     pair, with theta_0 = 1 and with the maximum length folded in (:class:`~anyrope.scaling.MaxLengthAware`)."""
     plt = _pyplot()
     aware = RoPE(2, base=10000.0, scaling=scaling.MaxLengthAware(max_position)).inv_freq[0]
