@@ -119,11 +119,12 @@ def peers(session: nox.Session) -> None:
     Hugging Face transformers on real models' configs and every model family it has (in tiny
     models, through anyrope.integrations.transformers), mlx-lm through its integration,
     rotary-embedding-torch, Meta's complex-number RoPE, and mlx.core.fast.rope; and the docs'
-    examples that need these libraries (tests/test_readme.py, skipped in the backend sessions).
+    code blocks that need these libraries (README.md and docs/*.md, skipped in the backend sessions).
     """
     session.install(*nox.project.dependency_groups(PYPROJECT, "test"), *PEERS)
     session.install(".")
-    session.run("pytest", "tests/peers", "tests/test_readme.py", *session.posargs)
+    # README.md and docs: their code blocks (conftest.py), those importing transformers or mlx_lm included
+    session.run("pytest", "tests/peers", "tests/test_readme.py", "README.md", "docs", *session.posargs)
 
 
 @nox.session
