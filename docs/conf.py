@@ -49,7 +49,7 @@ autodoc_typehints = "none"  # numpydoc's Parameters sections already give the ty
 autodoc_mock_imports = ["torch", "mlx", "mlx_lm"]
 autosummary_generate = False
 
-nitpicky = False
+nitpicky = True  # every cross-reference resolves, or the build (warnings as errors) fails
 suppress_warnings = ["myst.header"]
 
 # Docstring examples run as doctests here too (tests/test_dispatch.py runs them per module): the

@@ -1,6 +1,6 @@
 """Figures of RoPE's behaviour, drawn from the library's own numbers (needs matplotlib).
 
-Each function returns a :class:`matplotlib.figure.Figure`; the documentation builds its plots
+Each function returns a matplotlib ``Figure``; the documentation builds its plots
 with them, so every figure there is what this code computes. ``python -m anyrope`` does not
 need matplotlib; ``pip install matplotlib`` (or the ``docs`` dependency group) brings it.
 
@@ -219,7 +219,7 @@ def layouts(head_dim: int = 8) -> Any:
 def mrope_sections(head_dim: int = 128) -> Any:
     """Which position stream each frequency pair follows: Qwen2-VL's contiguous sections,
     Qwen3-VL's interleaved streams and NeoMME's alternating rows and columns, each read from
-    the model family's config by :meth:`RoPE.from_hf_config`."""
+    the model family's config by :meth:`anyrope.RoPE.from_hf_config`."""
     plt = _pyplot()
     models: list[tuple[str, dict[str, Any]]] = [
         ("Qwen2-VL: contiguous mrope_section [16, 24, 24]", {"model_type": "qwen2_vl_text"}),

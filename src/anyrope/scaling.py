@@ -173,7 +173,7 @@ class DynamicNTK(Scaling):
         self, xp: Any, length: Any, rotary_dim: int, base: float, *, exponents: Any
     ) -> Any:
         """The frequencies for ``length`` (``max(positions) + 1``, a 0-d floating device array)
-        given :func:`exponents` as a device array of that dtype: the same formula, on the device,
+        given ``exponents(rotary_dim)`` as a device array of that dtype: the same formula, on the device,
         for calls whose length is not known on the host."""
         original = self.original_max_position
         longer = length - original
