@@ -7,6 +7,10 @@ previous block and skips with it. A block that cannot run says why in a comment 
 (``<!-- skip: next "reason" -->``, or ``start``/``end`` around several). bash blocks are commands
 for a shell (install, nox), never run here; any other language fails, so a new block is either
 runnable Python or marked.
+
+The test suite's options (``--backend``, ``--mode``; tests/conftest.py reads them) are declared
+here, in the conftest pytest loads whichever paths it is given, so ``pytest --backend numpy
+docs`` parses too. The code blocks do not read them: a block runs where its libraries are.
 """
 
 from __future__ import annotations
@@ -23,6 +27,26 @@ from sybil.evaluators.python import PythonEvaluator
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 from sybil.parsers.myst import CodeBlockParser, SkipParser
 
+from harness import target_ids
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backend",
+        action="append",
+        default=[],
+        help=f"backend to test (repeatable): one of {', '.join(target_ids())}; default: installed CPU ones",
+    )
+    parser.addoption(
+        "--mode",
+        action="append",
+        default=[],
+        choices=["eager", "compiled", "dynamic"],
+        help="run tests that take `mode` in these modes only (repeatable); default: every compiler the "
+        "backend declares, and eager",
+    )
+
+
 _SHELL = {"bash", "console"}
 _run = PythonEvaluator()
 _skipped: dict[Document, str] = {}  # the reason the page's previous block skipped, if it did
@@ -30,7 +54,10 @@ _skipped: dict[Document, str] = {}  # the reason the page's previous block skipp
 
 def _missing(module: str) -> str | None:
     """Why ``module`` cannot be imported here, or None."""
+    top = module.partition(".")[0]
     try:
+        if importlib.util.find_spec(top) is None:
+            return f"{top} is not installed"
         if importlib.util.find_spec(module) is None:
             return f"{module} is not installed"
         if module == "cupy":
