@@ -175,6 +175,8 @@ def _chromium(session: nox.Session) -> bool:
 def docs(session: nox.Session) -> None:
     """The docs site: Sphinx with warnings as errors, its doctests, then every page in Chromium.
 
+    The browser check is skipped, with the reason, where Chromium cannot be had (see _chromium).
+
     Figures are drawn by anyrope at build time (docs/_ext). Writes docs/_build/html and
     docs/_build/screenshot-index.png.
     """
