@@ -148,11 +148,12 @@ def peers(session: nox.Session) -> None:
     Hugging Face transformers on real models' configs and every model family it has (in tiny
     models, through anyrope.integrations.transformers), mlx-lm through its integration,
     rotary-embedding-torch, Meta's complex-number RoPE, and mlx.core.fast.rope; and the docs'
-    examples that need these libraries (tests/test_readme.py, skipped in the backend sessions).
+    code blocks that need these libraries (README.md and docs/*.md, skipped in the backend sessions).
     """
     session.install(*nox.project.dependency_groups(PYPROJECT, "test"), *PEERS)
     session.install(".")
-    session.run("pytest", "tests/peers", "tests/test_readme.py", *session.posargs)
+    # README.md and docs: their code blocks (conftest.py), those importing transformers or mlx_lm included
+    session.run("pytest", "tests/peers", "tests/test_readme.py", "README.md", "docs", *session.posargs)
 
 
 @nox.session(default=False)
@@ -175,25 +176,35 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "anyrope", "bench", "--out", "bench-results", *session.posargs)
 
 
-def _chromium(session: nox.Session) -> None:
-    """Debian's chromium and chromium-driver for the browser check, installed if missing (as root)."""
+def _chromium(session: nox.Session) -> bool:
+    """Debian's chromium and chromium-driver for the browser check: True once both are on PATH.
+
+    Installed when missing where we are root with apt-get. Elsewhere (macOS, Linux without root)
+    the check is skipped with the reason, so the README's test command passes there; CI sets
+    ANYROPE_REQUIRE_BROWSER_CHECK=1 (.ci/run), which turns that skip into an error.
+    """
     if shutil.which("chromium") and shutil.which("chromedriver"):
-        return
+        return True
     if not (shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0):
-        session.error(
-            "the docs check needs chromium and chromedriver: apt-get install chromium chromium-driver"
-        )
+        reason = "no chromium and chromedriver here, and no apt-get as root to install them"
+        if os.environ.get("ANYROPE_REQUIRE_BROWSER_CHECK") == "1":
+            session.error(f"the browser check is required (ANYROPE_REQUIRE_BROWSER_CHECK=1): {reason}")
+        session.warn(f"browser check skipped: {reason} (apt-get install chromium chromium-driver)")
+        return False
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     session.run("apt-get", "update", "-q", external=True, env=env)  # a fresh machine's lists may be stale
     session.run(
         "apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium", "chromium-driver",
         external=True, env=env,
     )  # fmt: skip
+    return True
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
     """The docs site: Sphinx with warnings as errors, its doctests, then every page in Chromium.
+
+    The browser check is skipped, with the reason, where Chromium cannot be had (see _chromium).
 
     Figures are drawn by anyrope at build time (docs/_ext). Writes docs/_build/html and
     docs/_build/screenshot-index.png.
@@ -203,8 +214,8 @@ def docs(session: nox.Session) -> None:
     shutil.rmtree(ROOT / "docs" / "_build", ignore_errors=True)
     session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", "docs/_build/html")
     session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "doctest", "docs", "docs/_build/doctest")
-    _chromium(session)
-    session.run("python", "docs/check_pages.py", "docs/_build/html")
+    if _chromium(session):
+        session.run("python", "docs/check_pages.py", "docs/_build/html")
 
 
 if __name__ == "__main__":  # ./noxfile.py, with uv installing the nox of the script block

@@ -2,7 +2,9 @@
 
 Every page is opened in headless Chromium (Debian's chromium and chromium-driver, through
 Selenium). The check fails on any console error (a script error, or a file that failed to load),
-on images that did not load, and on links to pages or anchors that do not exist in the build.
+on images that did not load, on links to pages or anchors that do not exist in the build, on
+any file a page loaded from outside the build, and on math that MathJax (served from the build's
+_static) did not typeset: a formula left as TeX source, or one MathJax marks as an error.
 External links are listed, not fetched: the build and its check run offline. A screenshot of
 the front page is saved next to the build, as screenshot-index.png.
 """
@@ -86,10 +88,33 @@ return Array.from(document.images)
 """
 
 
+# Resolves once MathJax has typeset the page (pages without math have no MathJax).
+_TYPESET = """
+const done = arguments[arguments.length - 1];
+if (!window.MathJax || !MathJax.startup) { done(null); return; }
+MathJax.startup.promise.then(() => done(null), (error) => done(String(error)));
+"""
+
+_MATH = r"""
+const formulas = Array.from(document.querySelectorAll('.math'));
+const text = document.body.innerText;
+return {
+    formulas: formulas.length,
+    untypeset: formulas.filter(f => !f.querySelector('mjx-container')).map(f => f.textContent.slice(0, 60)),
+    errors: Array.from(document.querySelectorAll('mjx-merror')).map(e => e.getAttribute('data-mjx-error') || e.textContent),
+    raw: ['$$', '\\(', '\\[', '\\begin{'].filter(s => text.includes(s)),
+    outside: performance.getEntriesByType('resource').map(r => r.name).filter(n => !n.startsWith('file:')),
+};
+"""
+
+
 def browser_problems(site: Path) -> list[str]:
-    """Console errors and images that did not load, page by page, in headless Chromium."""
+    """Console errors, images that did not load, files fetched from outside the build and math
+    left untypeset, page by page, in headless Chromium."""
     driver: object = _browser()
+    driver.set_script_timeout(30)  # type: ignore[attr-defined]
     problems = []
+    typeset = 0
     try:
         for path in sorted(site.rglob("*.html")):
             name = str(path.relative_to(site))
@@ -101,10 +126,22 @@ def browser_problems(site: Path) -> list[str]:
                     problems.append(f"{name}: console: {entry['message']}")
             for src in driver.execute_script(_BROKEN_IMAGES):  # type: ignore[attr-defined]
                 problems.append(f"{name}: image did not load: {src}")
+            failed = driver.execute_async_script(_TYPESET)  # type: ignore[attr-defined]
+            if failed:
+                problems.append(f"{name}: MathJax failed: {failed}")
+            math = driver.execute_script(_MATH)  # type: ignore[attr-defined]
+            typeset += math["formulas"]
+            problems += [f"{name}: formula not typeset: {tex!r}" for tex in math["untypeset"]]
+            problems += [f"{name}: MathJax error: {error}" for error in math["errors"]]
+            problems += [f"{name}: TeX left in the text: {raw!r}" for raw in math["raw"]]
+            problems += [f"{name}: loaded from outside the build: {url}" for url in math["outside"]]
         driver.get((site / "index.html").resolve().as_uri())  # type: ignore[attr-defined]
         driver.save_screenshot(str(site.parent / "screenshot-index.png"))  # type: ignore[attr-defined]
     finally:
         driver.quit()  # type: ignore[attr-defined]
+    if not typeset:
+        problems.append("no page has a typeset formula: the math pages did not render")
+    print(f"{typeset} formulas typeset by MathJax")
     return problems
 
 

@@ -21,14 +21,20 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.doctest",
+    "sphinx.ext.mathjax",
+    # MathJax 3 copied into the build's _static, so pages render formulas without the network
+    "sphinx-mathjax-offline",
     "numpydoc",
     "anyrope_docs",  # docs/_ext: figures, the backend matrix and the README quick start
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 exclude_patterns = ["_build", "README.md"]
-myst_enable_extensions = ["colon_fence", "deflist"]
+myst_enable_extensions = ["colon_fence", "deflist", "dollarmath", "amsmath"]
 myst_heading_anchors = 3
+# Without noundefined an unknown macro is a TeX error (mjx-merror), which docs/check_pages.py finds,
+# rather than red text.
+mathjax3_config = {"tex": {"packages": {"[-]": ["noundefined"]}}}
 
 html_theme = "furo"
 html_title = f"anyrope {release}"
@@ -43,9 +49,7 @@ autodoc_typehints = "none"  # numpydoc's Parameters sections already give the ty
 autodoc_mock_imports = ["torch", "mlx", "mlx_lm"]
 autosummary_generate = False
 
-# No MathJax: it would be the one file fetched from outside the build, and the pages are built
-# and checked offline. Formulas are written in Unicode, in text blocks.
-nitpicky = False
+nitpicky = True  # every cross-reference resolves, or the build (warnings as errors) fails
 suppress_warnings = ["myst.header"]
 
 # Docstring examples run as doctests here too (tests/test_dispatch.py runs them per module): the

@@ -27,23 +27,6 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--backend",
-        action="append",
-        default=[],
-        help=f"backend to test (repeatable): one of {', '.join(target_ids())}; default: installed CPU ones",
-    )
-    parser.addoption(
-        "--mode",
-        action="append",
-        default=[],
-        choices=["eager", "compiled", "dynamic"],
-        help="run tests that take `mode` in these modes only (repeatable); default: every compiler the "
-        "backend declares, and eager",
-    )
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "feature(name): the test exercises a feature a backend may lack")
     config.addinivalue_line("markers", "dtypes(*names): run only for these floating dtypes of each backend")

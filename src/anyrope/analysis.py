@@ -22,7 +22,7 @@ Wrap-around
     (:func:`angle_difference`): farther tokens can look closer. What attention sees is the
     cosine of the angle, which already stops growing past ``pi``; :func:`wrap_distance` gives,
     per pair, the first distance whose angle passes a limit (``pi`` by default, ``2 * pi`` for
-    the seed paper's wrap), and :func:`monotonic_up_to` the longest distance over which every
+    He and Xu's wrap), and :func:`monotonic_up_to` the longest distance over which every
     pair's angle is still increasing towards that limit.
 
 Long-term decay
@@ -33,7 +33,7 @@ Long-term decay
     the distance grows, but not monotonically: it oscillates on the way down.
 
 :func:`check_requirements` puts these together with numerical checks of the three requirements
-the seed paper asks of a position encoding: (c1) a token's inner product with itself does not
+He and Xu ask of a position encoding: (c1) a token's inner product with itself does not
 depend on its position, (c2) the inner product of two tokens depends only on their relative
 position, and (c3) farther tokens influence each other less.
 """
@@ -169,7 +169,7 @@ def angle_difference(distance: int, theta: float) -> float:
 
     Examples
     --------
-    The seed paper's example, with ``theta = 1``: 6 positions apart the angle is 6 rad, one
+    He and Xu's example, with ``theta = 1``: 6 positions apart the angle is 6 rad, one
     position more and it has wrapped around to 0.7168 rad.
 
     >>> angle_difference(6, 1.0)
@@ -210,7 +210,7 @@ def wrap_distance(frequencies: Frequencies, limit: float = math.pi) -> list[floa
     That is the smallest integer ``d >= 1`` with ``d * theta > limit``. With the default
     ``limit = pi`` it is where the cosine of the angle, which is what attention sees, stops
     falling and starts rising again; with ``limit = 2 * pi`` it is where the angle itself wraps
-    around, as in the seed paper. An angle exactly equal to ``limit`` does not pass it. The
+    around, as in He and Xu's paper. An angle exactly equal to ``limit`` does not pass it. The
     product is the float64 one, as RoPE's tables form it.
 
     Parameters
@@ -320,7 +320,7 @@ def decay_bound(frequencies: Frequencies, distances: Sequence[int]) -> list[floa
 
 @dataclass(frozen=True)
 class Requirements:
-    """Numerical checks of the seed paper's three requirements; see :func:`check_requirements`.
+    """Numerical checks of He and Xu's three requirements; see :func:`check_requirements`.
 
     Attributes
     ----------
@@ -379,7 +379,7 @@ def _unit_vector(rng: random.Random, size: int) -> list[float]:
 def check_requirements(
     rope: HasInvFreq, *, max_distance: int = 64, samples: int = 8, seed: int = 0
 ) -> Requirements:
-    """Check the seed paper's requirements (c1), (c2) and (c3) numerically for ``rope``.
+    """Check He and Xu's requirements (c1), (c2) and (c3) numerically for ``rope``.
 
     ``samples`` pairs of random unit vectors q and k are drawn from ``random.Random(seed)``,
     each with random positions ``m`` and ``n`` in ``0 .. max_distance`` and a shift ``s`` in

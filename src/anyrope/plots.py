@@ -1,6 +1,6 @@
 """Figures of RoPE's behaviour, drawn from the library's own numbers (needs matplotlib).
 
-Each function returns a :class:`matplotlib.figure.Figure`; the documentation builds its plots
+Each function returns a matplotlib ``Figure``; the documentation builds its plots
 with them, so every figure there is what this code computes. ``python -m anyrope`` does not
 need matplotlib; ``pip install matplotlib`` (or the ``docs`` dependency group) brings it.
 
@@ -167,7 +167,7 @@ def decay(max_distance: int = 2000) -> Any:
 
 
 def wrap_around(max_distance: int = 50, max_position: int = 2048) -> Any:
-    """The seed paper's two figures: angle difference mod 2*pi against distance for the first
+    """He and Xu's two figures (2023): angle difference mod 2*pi against distance for the first
     pair, with theta_0 = 1 and with the maximum length folded in (:class:`~anyrope.scaling.MaxLengthAware`)."""
     plt = _pyplot()
     aware = RoPE(2, base=10000.0, scaling=scaling.MaxLengthAware(max_position)).inv_freq[0]
@@ -219,7 +219,7 @@ def layouts(head_dim: int = 8) -> Any:
 def mrope_sections(head_dim: int = 128) -> Any:
     """Which position stream each frequency pair follows: Qwen2-VL's contiguous sections,
     Qwen3-VL's interleaved streams and NeoMME's alternating rows and columns, each read from
-    the model family's config by :meth:`RoPE.from_hf_config`."""
+    the model family's config by :meth:`anyrope.RoPE.from_hf_config`."""
     plt = _pyplot()
     models: list[tuple[str, dict[str, Any]]] = [
         ("Qwen2-VL: contiguous mrope_section [16, 24, 24]", {"model_type": "qwen2_vl_text"}),

@@ -173,7 +173,7 @@ class DynamicNTK(Scaling):
         self, xp: Any, length: Any, rotary_dim: int, base: float, *, exponents: Any
     ) -> Any:
         """The frequencies for ``length`` (``max(positions) + 1``, a 0-d floating device array)
-        given :func:`exponents` as a device array of that dtype: the same formula, on the device,
+        given ``exponents(rotary_dim)`` as a device array of that dtype: the same formula, on the device,
         for calls whose length is not known on the host."""
         original = self.original_max_position
         longer = length - original
@@ -384,10 +384,10 @@ class Proportional(Scaling):
 
 @dataclass(frozen=True)
 class MaxLengthAware(Scaling):
-    """The seed paper's proposal: fold the maximum length into the frequencies.
+    """He and Xu's proposal (2023): fold the maximum length into the frequencies.
 
     With theta_0 = 1, two tokens 7 apart differ by 7 rad, which wraps to 0.7168 rad: closer, to
-    the rotation, than tokens 6 apart (6 rad). The paper asks that angle differences grow
+    the rotation, than tokens 6 apart (6 rad). They ask that angle differences grow
     monotonically with distance up to the maximum sequence length. We read that as: scale every
     frequency by one common factor ``c = pi / (max_position * max(theta))`` (when that is below 1),
     so that at every distance up to ``max_position`` every pair's angle difference stays within
