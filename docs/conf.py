@@ -38,7 +38,8 @@ mathjax3_config = {"tex": {"packages": {"[-]": ["noundefined"]}}}
 
 html_theme = "furo"
 html_title = f"anyrope {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["anyrope.css"]
 
 numpydoc_show_class_members = False
 numpydoc_xref_param_type = False
