@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -60,9 +61,10 @@ def _invoke(script: str, name: str, argv: list[str], log: Path) -> str:
         return ""
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"$ {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
-    errors = [line for line in done.stderr.splitlines() if line and not line.startswith((" ", "Traceback"))]
-    last = errors[-1] if errors else f"no result (exit status {done.returncode})"
-    return f"{last[:200]} (log: {log})"
+    # the worker's exception comes first; pyperf's own "worker failed" follows it
+    raised = [line for line in done.stderr.splitlines() if re.match(r"[\w.]*(Error|Exception)\b", line)]
+    why = raised[0] if raised else f"no result (exit status {done.returncode})"
+    return f"{why[:200]} (log: {log})"
 
 
 def _config(args: argparse.Namespace, pyperf_args: list[str]) -> dict[str, Any]:

@@ -236,13 +236,27 @@ def test_run_prints_the_table(numpy_run: Path) -> None:
 
 
 def test_failure_costs_one_row(tmp_path: Path) -> None:
-    """A benchmark that gives no result comes back as a reason, with its output in a log."""
+    """A benchmark that fails or gives no result comes back as a reason, its output in a log."""
     log = tmp_path / "logs" / "x.log"
     argv = ["--size", "tiny", "--append", str(tmp_path / "x.json"), "--debug-single-value"]
     why = run._invoke("bench_rope.py", "numpy/small/float32/half/no-such-variant", argv, log)
-    assert "no result" in why
-    assert str(log) in why
+    assert why == f"no result (exit status 0) (log: {log})"
     assert log.exists()
+    # a worker that raises: the first call's script refuses more than one loop per process
+    argv = [
+        "--loops",
+        "2",
+        "--warmups",
+        "0",
+        "--values",
+        "1",
+        "-p",
+        "1",
+        "--append",
+        str(tmp_path / "y.json"),
+    ]
+    why = run._invoke("bench_first_call.py", "first-call/numpy/anyrope", argv, log)
+    assert why.startswith("ValueError: a first call happens once per process: run with --loops 1, not 2")
 
 
 def _record(variant: str, median_s: float, *, layout: str = "half", tensors: int = 1, **extra: Any) -> Any:
