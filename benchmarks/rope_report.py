@@ -244,13 +244,15 @@ def notes(summary: Record) -> list[str]:
         )
         ref = f"; x ref against {' / '.join(refs)}" if refs else ""
         found.append(f"{backend}: copy = {SPECS[backend].copy}{ref}")
-    seen: set[str] = set()
+    not_run: dict[tuple[str, str, str], list[str]] = {}  # (backend, status, detail) -> variants
     for r in [*summary["results"], *summary.get("first_call", [])]:
         if r.get("status") in ("skipped", "error"):
-            text = f"{r['backend']} {r['variant']}: {r['status']} ({r.get('detail', '')})"
-            if text not in seen:
-                seen.add(text)
-                found.append(text)
+            variants = not_run.setdefault((r["backend"], r["status"], r.get("detail", "")), [])
+            variants += [] if r["variant"] in variants else [r["variant"]]
+    for (backend, status, detail), variants in not_run.items():
+        every = {r["variant"] for r in summary["results"] if r["backend"] == backend}
+        which = "" if set(variants) == every else " " + ", ".join(variants)
+        found.append(f"{backend}{which}: {status} ({detail})")
     return found
 
 
