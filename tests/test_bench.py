@@ -335,3 +335,13 @@ def test_the_package_points_to_the_benchmark() -> None:
     assert "nox -s bench runs benchmarks/" in " ".join(_parser().format_help().split())
     with pytest.raises(SystemExit):
         _parser().parse_args(["bench"])
+
+
+def test_committed_docs_data_is_a_summary() -> None:
+    """docs/data/ holds what rope_report writes, which the docs build plots without pyperf."""
+    for path in (ROOT / "docs" / "data").glob("bench-*.json"):
+        summary = json.loads(path.read_text())
+        assert summary["schema"] == rope_report.SCHEMA
+        ran = [r for r in summary["results"] if r["status"] == "ok"]
+        assert ran
+        assert all(r["p25_s"] <= r["median_s"] <= r["p75_s"] for r in ran)
