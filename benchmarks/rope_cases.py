@@ -195,7 +195,7 @@ def _peer(module: str) -> str:
     return "" if installed(module) else f"{module} is not installed"
 
 
-def _variants(spec: BackendSpec, case: Case, layout: str) -> list[tuple[str, int, str]]:
+def variants_of(spec: BackendSpec, case: Case, layout: str) -> list[tuple[str, int, str]]:
     """(variant, tensors it processes, why it is skipped or "") for one case and layout."""
     n, library = case.tensors, spec.module.split(".")[0]
     found = [("copy", n, ""), ("anyrope", n, ""), ("anyrope-generic", n, "")]
@@ -244,7 +244,7 @@ def plan(
                 for layout in LAYOUTS:
                     if layouts is not None and layout not in layouts:
                         continue
-                    for variant, tensors, why in _variants(spec, case, layout):
+                    for variant, tensors, why in variants_of(spec, case, layout):
                         if variants is None or variant in variants:
                             found.append(Bench(spec.name, case, dtype, layout, variant, tensors, down or why))
     return found
