@@ -48,6 +48,19 @@ def test_plan_is_static_and_unique() -> None:
         rope_cases.cases("huge")
 
 
+def test_registration_imports_no_array_library() -> None:
+    """Every pyperf worker registers the whole plan: it must import neither anyrope nor a library."""
+    code = (
+        "import sys; import bench_rope, bench_first_call, rope_cases; rope_cases.plan(); "
+        "bench_first_call.planned(); "
+        "print(sorted({'anyrope', 'numpy', 'torch', 'mlx', 'jax', 'pyperf'} & set(sys.modules)))"
+    )
+    env = {**_env(), "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), _env()["PYTHONPATH"]])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_backends_come_from_backend_toml() -> None:
     specs = rope_cases.SPECS
     assert list(specs) == ["numpy", "torch", "mlx", "jax", "torch-cuda", "cupy"]
