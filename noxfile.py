@@ -12,7 +12,7 @@ nox -s tests-torch-triton # the Triton kernel for CUDA tensors, on the CPU under
 nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
 nox -s tests-lowest        # the NumPy suite at the lowest versions the metadata allows
 nox -s peers              # anyrope against transformers, rotary-embedding-torch, mlx.fast.rope (not by default)
-nox -s bench -- --quick   # time anyrope against a copy and the peers, into bench-results/ (not by default)
+nox -s bench -- --quick   # benchmarks/ through pyperf: anyrope against a copy and the peers (not by default)
 nox -s docs               # the Sphinx site (warnings are errors), its doctests, and a headless-browser check
 """
 
@@ -158,12 +158,14 @@ def peers(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """python -m anyrope bench: medians and ratios to a copy and to the peers; not run by default.
+    """benchmarks/run.py: pyperf timings, medians with quartiles, ratios to a copy and the peers.
 
     Installs NumPy, torch, mlx and JAX (jax>=0.4.30, CPU) as their backends/ folders do, and the
-    "bench" dependency group (numba for the fast paths, matplotlib for the plot, the peers).
-    Arguments after -- go to the command, e.g. ``nox -s bench -- --quick`` or ``-- --backend torch``.
-    Writes bench-results/.
+    "bench" dependency group (pyperf, numba for the fast paths, matplotlib for the plot, the
+    peers). Arguments after -- go to benchmarks/run.py, e.g. ``nox -s bench -- --quick`` or
+    ``-- --backend torch``; after a second -- to pyperf (``-- --quick -- --rigorous``).
+    Writes bench-results/ (bench.txt, bench.json, bench.png, and pyperf's files in pyperf/).
+    Not run by default.
     """
     session.install(
         *nox.project.dependency_groups(PYPROJECT, "bench"),
@@ -173,7 +175,7 @@ def bench(session: nox.Session) -> None:
         *BACKENDS["jax"]["install"],  # jax>=0.4.30
     )
     session.install(".")
-    session.run("python", "-m", "anyrope", "bench", "--out", "bench-results", *session.posargs)
+    session.run("python", "benchmarks/run.py", "--out", "bench-results", *session.posargs)
 
 
 def _chromium(session: nox.Session) -> bool:

@@ -1,0 +1,250 @@
+"""What the benchmark times: backends, cases and variants, from static data and cheap checks.
+
+pyperf runs the benchmark script again in every worker process and picks the benchmark by its
+registration order, so this plan must come out the same in each process and cost nothing: it
+imports no array library, only asks ``importlib.util.find_spec`` what is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# tomli before 3.11 (the bench and test groups install it); by name, so that mypy's 3.10 target
+# needs no tomli in the lint environment
+tomllib: Any = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+
+BASE = 10000.0
+LAYOUTS = ("half", "interleaved")
+SHAPES = ("prefill", "decode", "small")
+DTYPE_ORDER = ("float32", "float16", "bfloat16")
+SIZES = ("full", "quick", "tiny")  # tiny: the tests' smoke runs
+SMALL_OFFSET = 5
+SMALL_BUSY_CORES = 1
+# (batch, heads, seq, head_dim) per size and shape; decode is one new token per sequence.
+DIMS: dict[str, dict[str, tuple[int, int, int, int]]] = {
+    "full": {"prefill": (1, 32, 4096, 128), "decode": (32, 32, 1, 128), "small": (1, 8, 16, 64)},
+    "quick": {"prefill": (1, 8, 1024, 128), "decode": (32, 32, 1, 128), "small": (1, 8, 16, 64)},
+    "tiny": {"prefill": (1, 2, 8, 128), "decode": (3, 2, 1, 128), "small": (1, 2, 4, 64)},
+}
+VARIANT_ORDER = (
+    "copy",
+    "anyrope",
+    "anyrope-generic",
+    "anyrope-inplace",
+    "anyrope-compiled",
+    "anyrope-jit",
+    "numpy-formula",
+    "transformers-apply",
+    "transformers-full",
+    "transformers-compiled",
+    "rotary-embedding-torch",
+    "mx.fast.rope",
+)
+# Per backend, the peer that "x ref" divides by, and whether it must be of the row's own layout
+# (True) or is taken from the "half" layout, the only one it has (False).
+REFERENCES = {"mx.fast.rope": True, "transformers-apply": False, "numpy-formula": True}
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A benchmarked backend: the library it runs, its floating dtypes, and whether it needs a GPU."""
+
+    name: str
+    module: str
+    dtypes: tuple[str, ...]
+    copy: str  # the "copy" variant: one pass that reads and writes every element once
+    gpu: bool = False
+    compiler: str | None = None  # the variant of its whole-call compiler
+
+
+# RoPE's own part of each benchmarked backend: the copy that is its roofline and the variant of its
+# whole-call compiler. The rest (module, dtypes, devices) is read from backends/*/backend.toml,
+# the data nox, the tests and the self-check share.
+OWN = {
+    "numpy": ("x.copy()", None),
+    "torch": ("x.clone()", "anyrope-compiled"),
+    "mlx": ("mx.eval(x * 1), one elementwise pass (immutable arrays)", None),
+    "jax": ("jax.jit(lambda x: x.copy()), a copy into a new buffer", "anyrope-jit"),
+    "cupy": ("x.copy()", None),
+}
+BACKENDS_DIR = Path(__file__).resolve().parents[1] / "backends"
+
+
+def _backends() -> tuple[BackendSpec, ...]:
+    """The benchmarked backends, CPU ones first; a backend with a "cuda" device adds NAME-cuda."""
+    cpu: list[BackendSpec] = []
+    gpu: list[BackendSpec] = []
+    for name, (copy, compiler) in OWN.items():
+        data = tomllib.loads((BACKENDS_DIR / name / "backend.toml").read_text())
+        dtypes = tuple(d for d in DTYPE_ORDER if d in data["dtypes"])  # float64 is not what models run
+        only_gpu = bool(data.get("gpu-only", False))
+        (gpu if only_gpu else cpu).append(BackendSpec(name, data["module"], dtypes, copy, only_gpu, compiler))
+        if not only_gpu and "cuda" in data["devices"]:
+            gpu.append(BackendSpec(f"{name}-cuda", data["module"], dtypes, copy, True, compiler))
+    return (*cpu, *gpu)
+
+
+BACKENDS = _backends()
+SPECS = {spec.name: spec for spec in BACKENDS}
+
+
+def decode_offsets(batch: int) -> list[int]:
+    """Cache lengths of the decode batch: one per sequence, ``1000 + 97 i``."""
+    return [1000 + 97 * i for i in range(batch)]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input shape: ``dims`` is ``(batch, heads, seq, head_dim)``."""
+
+    name: str
+    dims: tuple[int, int, int, int]
+
+    @property
+    def decode(self) -> bool:
+        return self.name == "decode"
+
+    @property
+    def tensors(self) -> int:
+        """Tensors that anyrope and the copy process per call: q, or q and k."""
+        return 2 if self.decode else 1
+
+    @property
+    def offset(self) -> int:
+        """The first position of q-only cases."""
+        return SMALL_OFFSET if self.name == "small" else 0
+
+    @property
+    def busy(self) -> int:
+        """Cores kept busy by a spinning helper process while the case is timed."""
+        return SMALL_BUSY_CORES if self.name == "small" else 0
+
+    @property
+    def offsets(self) -> list[int] | None:
+        """Per-row cache lengths for decode, None otherwise."""
+        return decode_offsets(self.dims[0]) if self.decode else None
+
+    @property
+    def what(self) -> str:
+        """The inputs, in words."""
+        if self.offsets is not None:
+            return f"q and k, one offset per row: {', '.join(map(str, self.offsets[:2]))}, ... (1000 + 97 i)"
+        text = f"q from position {self.offset} (peers that take q and k get both)"
+        if self.busy:
+            text += f"; {self.busy} core kept busy by a spinning process"
+        return text
+
+
+def cases(size: str = "full") -> list[Case]:
+    """The prefill, decode and small cases of one size ("full", "quick" or "tiny")."""
+    if size not in DIMS:
+        raise ValueError(f"size must be one of {', '.join(DIMS)}, got {size!r}")
+    return [Case(name, DIMS[size][name]) for name in SHAPES]
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One timed callable: a variant of one (backend, case, dtype, layout); ``skip`` says why not."""
+
+    backend: str
+    case: Case
+    dtype: str
+    layout: str
+    variant: str
+    tensors: int
+    skip: str = ""
+
+    @property
+    def name(self) -> str:
+        """pyperf's name for it, unique in a run."""
+        return f"{self.backend}/{self.case.name}/{self.dtype}/{self.layout}/{self.variant}"
+
+
+def installed(module: str) -> bool:
+    """Whether the module's top-level package can be found (nothing is imported)."""
+    try:
+        return importlib.util.find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def has_nvidia_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None or Path("/dev/nvidia0").exists()
+
+
+NO_GPU = "no NVIDIA GPU here (no nvidia-smi, no /dev/nvidia0)"
+
+
+def backend_skip(name: str) -> str:
+    """Why a backend cannot run here, or "" when it can."""
+    spec = SPECS[name]
+    if not installed(spec.module):
+        return f"{spec.module.split('.')[0]} is not installed"
+    if spec.gpu and not has_nvidia_gpu():
+        return NO_GPU
+    return ""
+
+
+def _peer(module: str) -> str:
+    return "" if installed(module) else f"{module} is not installed"
+
+
+def variants_of(spec: BackendSpec, case: Case, layout: str) -> list[tuple[str, int, str]]:
+    """(variant, tensors it processes, why it is skipped or "") for one case and layout."""
+    n, library = case.tensors, spec.module.split(".")[0]
+    found = [("copy", n, ""), ("anyrope", n, ""), ("anyrope-generic", n, "")]
+    immutable = f"{library.upper()} arrays are immutable" if library in ("mlx", "jax") else ""
+    found.append(("anyrope-inplace", n, immutable))
+    if spec.compiler:
+        found.append((spec.compiler, n, ""))
+    if library == "numpy" and case.name == "small":
+        found.append(("numpy-formula", 1, ""))
+    if library == "torch" and layout == "half":
+        why = _peer("transformers")
+        found += [("transformers-apply", 2, why), ("transformers-full", 2, why)]
+        if not why:
+            found.append(("transformers-compiled", 2, ""))
+    if library == "torch" and layout == "interleaved":
+        found.append(("rotary-embedding-torch", n, _peer("rotary_embedding_torch")))
+    if library == "mlx":
+        found.append(("mx.fast.rope", n, ""))
+    return found
+
+
+def plan(
+    size: str = "full",
+    *,
+    backends: list[str] | None = None,
+    shapes: list[str] | None = None,
+    dtypes: list[str] | None = None,
+    layouts: list[str] | None = None,
+    variants: list[str] | None = None,
+) -> list[Bench]:
+    """Every benchmark of a run, in a fixed order, the skipped ones included (with their reason).
+
+    The filters keep only the named backends, shapes, dtypes, layouts and variants (None: all).
+    """
+    found = []
+    for spec in BACKENDS:
+        if backends is not None and spec.name not in backends:
+            continue
+        down = backend_skip(spec.name)
+        for case in cases(size):
+            if shapes is not None and case.name not in shapes:
+                continue
+            for dtype in spec.dtypes:
+                if dtypes is not None and dtype not in dtypes:
+                    continue
+                for layout in LAYOUTS:
+                    if layouts is not None and layout not in layouts:
+                        continue
+                    for variant, tensors, why in variants_of(spec, case, layout):
+                        if variants is None or variant in variants:
+                            found.append(Bench(spec.name, case, dtype, layout, variant, tensors, down or why))
+    return found

@@ -1,0 +1,277 @@
+"""Read a run's pyperf JSON and report: medians with quartiles, ratios, a table and a plot.
+
+    python benchmarks/rope_report.py bench-results
+
+Reads ``DIR/run.json`` (what benchmarks/run.py planned, skipped and saw fail) and the pyperf
+files under ``DIR/pyperf/``; writes ``DIR/bench.json`` (the summary the docs plot reads, no
+pyperf needed), ``DIR/bench.txt`` and ``DIR/bench.png``. ``python -m pyperf compare_to`` on two
+runs' pyperf files compares them benchmark by benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import rope_cases
+from rope_cases import REFERENCES, SHAPES, SPECS, VARIANT_ORDER
+
+SCHEMA = 3  # 3: pyperf runs; quartiles and the ratios' spread; first call as pyperf values
+Record = dict[str, Any]
+VERSIONS = ("anyrope", "array-api-compat", "numpy", "numba", "torch", "mlx", "jax", "jaxlib",
+            "cupy-cuda12x", "transformers", "rotary-embedding-torch", "pyperf", "matplotlib")  # fmt: skip
+
+
+def _stats(bench: Any) -> Record:
+    return {
+        "median_s": bench.median(), "p25_s": bench.percentile(25), "p75_s": bench.percentile(75),
+        "values": bench.get_nvalue(), "processes": sum(1 for run in bench.get_runs() if run.values),
+        "loops": bench.get_loops(),
+    }  # fmt: skip
+
+
+def timed_records(path: Path) -> list[Record]:
+    """One record per benchmark of a pyperf file of benchmarks/bench_rope.py."""
+    pyperf = __import__("pyperf")
+    records = []
+    for bench in pyperf.BenchmarkSuite.load(str(path)).get_benchmarks():
+        backend, shape, dtype, layout, variant = bench.get_name().split("/")
+        meta = bench.get_metadata()
+        dims = [int(d) for d in str(meta["rope_dims"]).split("x")]
+        records.append({
+            "backend": backend, "shape": shape, "dtype": dtype, "layout": layout, "variant": variant,
+            "dims": dims, "tensors": int(meta["rope_tensors"]), "status": "ok", **_stats(bench),
+        })  # fmt: skip
+    return records
+
+
+def first_call_records(path: Path) -> list[Record]:
+    """One record per benchmark of benchmarks/bench_first_call.py (a value per process)."""
+    pyperf = __import__("pyperf")
+    records = []
+    for bench in pyperf.BenchmarkSuite.load(str(path)).get_benchmarks():
+        _, backend, variant = bench.get_name().split("/")
+        records.append({"backend": backend, "variant": variant, "status": "ok", **_stats(bench)})
+    return records
+
+
+def machine(paths: Iterable[Path]) -> Record:
+    """Where the run happened, from pyperf's metadata (no host name) and the installed versions."""
+    pyperf = __import__("pyperf")
+    meta: Record = {}
+    for path in paths:
+        meta = pyperf.BenchmarkSuite.load(str(path)).get_benchmarks()[0].get_metadata()
+        break
+    versions = {}
+    for dist in VERSIONS:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    keep = (
+        "platform",
+        "cpu_model_name",
+        "cpu_count",
+        "cpu_affinity",
+        "python_version",
+        "python_implementation",
+    )
+    return {**{k: meta[k] for k in keep if k in meta}, "versions": versions}
+
+
+def _per_tensor(record: Record, key: str = "median_s") -> float:
+    return float(record[key]) / int(record["tensors"])
+
+
+def add_ratios(results: Sequence[Record]) -> list[Record]:
+    """The records with ``x_copy`` (and its quartiles) and, where a reference peer ran, ``x_ref``.
+
+    Ratios are of time per tensor (a call on q and k counts twice), against the same backend,
+    shape and dtype: ``copy`` of the same layout, and the reference of ``REFERENCES``. The
+    quartiles of ``x_copy`` divide the record's quartiles by the copy's median.
+    """
+    ok = {
+        (r["backend"], r["shape"], r["dtype"], r["layout"], r["variant"]): r
+        for r in results
+        if r.get("status") == "ok"
+    }
+    out = []
+    for record in results:
+        record = dict(record)
+        if record.get("status") == "ok":
+            key = (record["backend"], record["shape"], record["dtype"])
+            copy = ok.get((*key, record["layout"], "copy"))
+            if copy is not None:
+                for mine, theirs in (
+                    ("x_copy", "median_s"),
+                    ("x_copy_p25", "p25_s"),
+                    ("x_copy_p75", "p75_s"),
+                ):
+                    record[mine] = _per_tensor(record, theirs) / _per_tensor(copy)
+            for ref_name, same_layout in REFERENCES.items():
+                ref_layout = record["layout"] if same_layout else "half"
+                ref = ok.get((*key, ref_layout, ref_name))
+                if ref is not None:
+                    suffix = "" if ref_layout == record["layout"] else f" ({ref_layout})"
+                    record["ref"] = ref_name + suffix
+                    record["x_ref"] = _per_tensor(record) / _per_tensor(ref)
+                    break
+        out.append(record)
+    return out
+
+
+def summarize(out: Path) -> Record:
+    """The summary of the run in ``out``: config, machine, every benchmark's record, first calls."""
+    run = json.loads((out / "run.json").read_text())
+    rope_files = sorted((out / "pyperf").glob("rope-*.json"))
+    first_file = out / "pyperf" / "first-call.json"
+    results = [r for path in rope_files for r in timed_records(path)] + run["not_timed"]
+    return {
+        "schema": SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine([*rope_files, first_file]),
+        "config": run["config"],
+        "results": add_ratios(results),
+        "first_call": (first_call_records(first_file) if first_file.exists() else [])
+        + run["first_call_failed"],
+    }
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.1f}" if ms >= 100 else f"{ms:.2f}" if ms >= 1 else f"{ms:.4f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def order(r: Record) -> tuple[int, ...]:
+    """Backends, shapes, dtypes, layouts and variants in the plan's order."""
+
+    def at(values: Sequence[str], value: str) -> int:
+        return values.index(value) if value in values else len(values)
+
+    return (
+        at(list(SPECS), r["backend"]),
+        at(SHAPES, r.get("shape", "")),
+        at(rope_cases.DTYPE_ORDER, r.get("dtype", "")),
+        at(rope_cases.LAYOUTS, r.get("layout", "")),
+        at(VARIANT_ORDER, r["variant"]),
+    )
+
+
+COLUMNS = ("backend", "shape", "dtype", "layout", "variant", "in", "median ms", "q1-q3 ms", "x copy", "x ref")
+
+
+def _row(r: Record) -> list[str]:
+    ran = r.get("status") == "ok"
+    return [
+        r["backend"], r["shape"], r["dtype"], r["layout"], r["variant"], "q,k" if r["tensors"] == 2 else "q",
+        _ms(r["median_s"]) if ran else str(r.get("status")),
+        f"{_ms(r['p25_s'])}-{_ms(r['p75_s'])}" if ran else "",
+        _ratio(r.get("x_copy")), _ratio(r.get("x_ref")),
+    ]  # fmt: skip
+
+
+def columns(
+    header: Sequence[str], rows: Sequence[list[str]], numeric: Iterable[str], group: int = 2
+) -> list[str]:
+    """Aligned lines: the header, a rule, the rows, a blank line where the first ``group`` cells change."""
+    cells = [list(header), *rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    right = {header.index(c) for c in numeric}
+
+    def line(row: list[str]) -> str:
+        parts = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    lines = [line(cells[0]), "  ".join("-" * w for w in widths)]
+    previous: list[str] | None = None
+    for row in cells[1:]:
+        if previous is not None and row[:group] != previous:
+            lines.append("")
+        previous = row[:group]
+        lines.append(line(row))
+    return lines
+
+
+FIRST_COLUMNS = ("backend", "variant", "first s", "q1-q3 s", "processes")
+
+
+def _first_row(r: Record) -> list[str]:
+    if r.get("status") != "ok":
+        return [r["backend"], r["variant"], str(r.get("status")), "", ""]
+    spread = f"{r['p25_s']:.3f}-{r['p75_s']:.3f}"
+    return [r["backend"], r["variant"], f"{r['median_s']:.3f}", spread, str(r["processes"])]
+
+
+def format_table(summary: Record) -> str:
+    """The timed and failed rows (skips are listed below), the first calls, and notes."""
+    rows = sorted((r for r in summary["results"] if r.get("status") != "skipped"), key=order)
+    lines = columns(COLUMNS, [_row(r) for r in rows], COLUMNS[6:])
+    first = sorted(summary.get("first_call", []), key=order)
+    if first:
+        lines += ["", *columns(FIRST_COLUMNS, [_first_row(r) for r in first], FIRST_COLUMNS[2:], 1)]
+    return "\n".join([*lines, "", *notes(summary)])
+
+
+def notes(summary: Record) -> list[str]:
+    """What the columns mean, the cases, the references and copies, the skips and failures."""
+    found = [
+        "median ms, q1-q3 ms: median and quartiles of pyperf's values (each the mean of a calibrated loop",
+        "of calls, in several fresh processes); x copy: time per tensor / the backend's copy per tensor",
+        "(same shape, dtype, layout); x ref: time per tensor / the reference peer's ((half) where the",
+        "reference has only the half layout). in: q = the call rotates q only; q,k = q and k.",
+    ]
+    for name, case in summary.get("config", {}).get("cases", {}).items():
+        found.append(f"{name}: (batch, heads, seq, head_dim) = {tuple(case['dims'])}, {case['what']}")
+    if summary.get("first_call"):
+        found += [
+            "first call: one value per fresh process, the library imported and a float32 q made first:",
+            "import anyrope + RoPE + rope(q); compiled: the first torch.compile / jax.jit call of rope(q).",
+        ]
+    timed = {r["backend"] for r in summary["results"] if r.get("status") == "ok"}
+    for backend in sorted(timed, key=list(SPECS).index):
+        refs = sorted(
+            {r["ref"].split(" (")[0] for r in summary["results"] if r["backend"] == backend and r.get("ref")}
+        )
+        ref = f"; x ref against {' / '.join(refs)}" if refs else ""
+        found.append(f"{backend}: copy = {SPECS[backend].copy}{ref}")
+    not_run: dict[tuple[str, str, str], list[str]] = {}  # (backend, status, detail) -> variants
+    for r in [*summary["results"], *summary.get("first_call", [])]:
+        if r.get("status") in ("skipped", "error"):
+            variants = not_run.setdefault((r["backend"], r["status"], r.get("detail", "")), [])
+            variants += [] if r["variant"] in variants else [r["variant"]]
+    for (backend, status, detail), variants in not_run.items():
+        every = {r["variant"] for r in summary["results"] if r["backend"] == backend}
+        which = "" if set(variants) == every else " " + ", ".join(variants)
+        found.append(f"{backend}{which}: {status} ({detail})")
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Report the run in the folder named by ``argv[0]`` (default bench-results)."""
+    from rope_plot import plot
+
+    out = Path((argv or sys.argv[1:] or ["bench-results"])[0])
+    summary = summarize(out)
+    table = format_table(summary)
+    print(table)
+    (out / "bench.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "bench.txt").write_text(table + "\n")
+    why = plot(summary, out / "bench.png")
+    print(f"\nwrote {out / 'bench.json'}, {out / 'bench.txt'}" + ("" if why else f", {out / 'bench.png'}"))
+    if why:
+        print(f"no plot: {why}")
+    return 0 if any(r.get("status") == "ok" for r in summary["results"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,237 @@
+"""The callables timed: anyrope's variants, the copy and the peers, built for one benchmark.
+
+Each builder runs in the worker process, before the clock starts: compiled variants are
+compiled and called twice there, so that their compile never lands in a timed value.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from rope_cases import BASE, Bench, Case
+from rope_runtimes import Runtime
+
+Call = Callable[[], Any]
+
+
+@dataclass
+class Group:
+    """The inputs shared by every variant of one (case, dtype, layout)."""
+
+    rt: Runtime
+    case: Case
+    layout: str
+    q: Any
+    k: Any
+    offsets: Any  # the decode batch's cache lengths as an integer array of the library, or None
+    rope: Any  # anyrope.RoPE
+
+    def positions(self) -> list[int] | list[list[int]]:
+        """The positions of the case: one per token of q, or for decode one per row."""
+        if self.case.offsets is not None:
+            return [[offset] for offset in self.case.offsets]
+        return list(range(self.case.offset, self.case.offset + self.case.dims[2]))
+
+
+def make_group(rt: Runtime, case: Case, dtype: str, layout: str) -> Group:
+    """q, k (seeded), the decode offsets on the device and an ``anyrope.RoPE`` of the case."""
+    import anyrope
+
+    q, k = rt.make(case.dims, dtype, 0), rt.make(case.dims, dtype, 1)
+    offsets = rt.index(case.offsets) if case.offsets is not None else None
+    return Group(rt, case, layout, q, k, offsets, anyrope.RoPE(case.dims[3], base=BASE, layout=layout))
+
+
+def anyrope_call(g: Group) -> Call:
+    """The call as users write it."""
+    rope, q, k, offsets, offset = g.rope, g.q, g.k, g.offsets, g.case.offset
+    if g.case.decode:
+        return lambda: rope(q, k, offset=offsets)
+    return lambda: rope(q, offset=offset)
+
+
+def _generic(g: Group) -> Call:
+    import anyrope
+
+    call, finish = anyrope_call(g), g.rt.finish
+
+    def generic() -> Any:
+        with anyrope.use_fast_paths(False):
+            result = call()
+            finish(result)  # MLX evaluates lazily: inside the block, or it would not count
+            return result
+
+    return generic
+
+
+def inplace_call(g: Group) -> Call:
+    """``inplace=True`` on copies of the inputs (later calls rotate them again: same work)."""
+    q, k, rope, offsets, offset = g.rt.copy(g.q), g.rt.copy(g.k), g.rope, g.offsets, g.case.offset
+    if g.case.decode:
+        return lambda: rope(q, k, offset=offsets, inplace=True)
+    return lambda: rope(q, offset=offset, inplace=True)
+
+
+def _compiled(g: Group) -> Call:
+    """The call through the library's compiler, decode offsets traced as a model would pass them."""
+    assert g.rt.compile is not None
+    rope, offset = g.rope, g.case.offset
+
+    def decode(q: Any, k: Any, offsets: Any) -> Any:
+        return rope(q, k, offset=offsets)
+
+    def q_only(q: Any) -> Any:
+        return rope(q, offset=offset)
+
+    args = (g.q, g.k, g.offsets) if g.case.decode else (g.q,)
+    compiled = g.rt.compile(decode if g.case.decode else q_only)
+    return lambda: compiled(*args)
+
+
+def naive_formula(np: ModuleType, x: Any, positions: Any, layout: str, base: float = BASE) -> Any:
+    """RoPE as a NumPy user writes it from the paper: frequencies, angles and tables in the call.
+
+    ``positions`` has one entry per row of ``x``'s sequence axis (-2). The tables are cast to
+    x's dtype, as such code does to keep float32 in float32.
+    """
+    d = x.shape[-1]
+    inv_freq = base ** (-np.arange(0, d, 2) / d)
+    angles = positions[:, None] * inv_freq
+    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
+    if layout == "interleaved":
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return np.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
+    cos2, sin2 = np.concatenate([cos, cos], axis=-1), np.concatenate([sin, sin], axis=-1)
+    rotated = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], axis=-1)  # rotate_half
+    return x * cos2 + rotated * sin2
+
+
+def _numpy_formula(g: Group) -> Call:
+    np, q, layout, first, seq = g.rt.module, g.q, g.layout, g.case.offset, g.case.dims[2]
+    return lambda: naive_formula(np, q, np.arange(first, first + seq), layout)
+
+
+def _copy(g: Group) -> Call:
+    copy, q, k = g.rt.copy, g.q, g.k
+    if g.case.decode:
+        return lambda: (copy(q), copy(k))
+    return lambda: copy(q)
+
+
+def _hf_tables(g: Group) -> tuple[ModuleType, Any, Any]:
+    """transformers' Llama modeling module, its rotary module (plain RoPE) and the position ids."""
+    modeling = importlib.import_module("transformers.models.llama.modeling_llama")
+    torch, heads, head_dim = g.rt.module, g.case.dims[1], g.case.dims[3]
+    config = modeling.LlamaConfig(
+        hidden_size=heads * head_dim, num_attention_heads=heads, head_dim=head_dim,
+        max_position_embeddings=8192, rope_theta=BASE,
+    )  # fmt: skip
+    rotary = modeling.LlamaRotaryEmbedding(config=config).to(g.rt.torch_device)
+    ids = torch.tensor(g.positions(), device=g.rt.torch_device)
+    return modeling, rotary, ids if g.case.decode else ids[None, :]
+
+
+def _transformers_apply(g: Group) -> Call:
+    modeling, rotary, ids = _hf_tables(g)
+    apply, q, k = modeling.apply_rotary_pos_emb, g.q, g.k
+    cos, sin = rotary(q, ids)  # the tables, outside the timing
+    return lambda: apply(q, k, cos, sin)
+
+
+def _transformers_full(g: Group) -> Call:
+    modeling, rotary, ids = _hf_tables(g)
+    apply, q, k = modeling.apply_rotary_pos_emb, g.q, g.k
+
+    def full() -> Any:
+        cos, sin = rotary(q, ids)
+        return apply(q, k, cos, sin)
+
+    return full
+
+
+def _transformers_compiled(g: Group) -> Call:
+    """``torch.compile`` of transformers' formula on ready tables."""
+    modeling, rotary, ids = _hf_tables(g)
+    rotate_half, q, k = modeling.rotate_half, g.q, g.k
+
+    def formula(q: Any, k: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    cos, sin = rotary(q, ids)
+    compiled = g.rt.module.compile(formula, dynamic=False)
+    return lambda: compiled(q, k, cos, sin)
+
+
+def _rotary_embedding_torch(g: Group) -> Call:
+    """lucidrains' rotary-embedding-torch, whose layout is the interleaved one."""
+    ret = importlib.import_module("rotary_embedding_torch")
+    torch, device, q, k, offset = g.rt.module, g.rt.torch_device, g.q, g.k, g.case.offset
+    rot = ret.RotaryEmbedding(dim=g.case.dims[3], theta=BASE).to(device)
+    if not g.case.decode:
+        return lambda: rot.rotate_queries_or_keys(q, seq_dim=-2, offset=offset)
+    # rotate_queries_or_keys takes one offset for the batch: per-row positions go through forward.
+    positions = torch.tensor(g.case.offsets, device=device, dtype=torch.float32)[:, None]
+
+    def per_row() -> Any:
+        freqs = rot(positions)[:, None]  # (batch, 1, seq, dim) against (batch, heads, seq, dim)
+        return ret.apply_rotary_emb(freqs, q), ret.apply_rotary_emb(freqs, k)
+
+    return per_row
+
+
+def _mlx_fast(g: Group) -> Call:
+    """``mlx.core.fast.rope`` (``traditional=True`` is the interleaved layout)."""
+    mx, q, k, dims = g.rt.module, g.q, g.k, g.case.dims[3]
+    traditional = g.layout == "interleaved"
+
+    def rope(x: Any, offset: Any) -> Any:
+        return mx.fast.rope(x, dims, traditional=traditional, base=BASE, scale=1.0, offset=offset)
+
+    if g.case.decode:
+        offsets = g.offsets
+        return lambda: (rope(q, offsets), rope(k, offsets))
+    first = g.case.offset
+    return lambda: rope(q, first)
+
+
+BUILDERS: dict[str, Callable[[Group], Call]] = {
+    "copy": _copy,
+    "anyrope": anyrope_call,
+    "anyrope-generic": _generic,
+    "anyrope-inplace": inplace_call,
+    "anyrope-compiled": _compiled,
+    "anyrope-jit": _compiled,
+    "numpy-formula": _numpy_formula,
+    "transformers-apply": _transformers_apply,
+    "transformers-full": _transformers_full,
+    "transformers-compiled": _transformers_compiled,
+    "rotary-embedding-torch": _rotary_embedding_torch,
+    "mx.fast.rope": _mlx_fast,
+}
+NOTES = {
+    "anyrope": "default call, fast paths on",
+    "anyrope-generic": "inside use_fast_paths(False)",
+    "anyrope-inplace": "inplace=True",
+    "anyrope-compiled": "torch.compile(fullgraph=True) of the call (decode offsets traced)",
+    "anyrope-jit": "jax.jit of the call (decode offsets traced)",
+    "numpy-formula": "base ** (-arange(0, d, 2) / d), angles, cos/sin, rotation, all in the call",
+    "transformers-apply": "apply_rotary_pos_emb, tables ready",
+    "transformers-full": "LlamaRotaryEmbedding forward + apply_rotary_pos_emb",
+    "transformers-compiled": "torch.compile of transformers' formula, tables ready",
+    "rotary-embedding-torch": "rotate_queries_or_keys (decode: forward(positions) + apply_rotary_emb)",
+    "mx.fast.rope": "traditional=True for interleaved; decode: an offset per row",
+}
+
+
+def build(rt: Runtime, bench: Bench) -> Call:
+    """The benchmark's callable, each call awaited (``rt.finish``), warmed up twice."""
+    g = make_group(rt, bench.case, bench.dtype, bench.layout)
+    call, finish = BUILDERS[bench.variant](g), rt.finish
+    for _ in range(2):  # compiles, lazy tables; a compiled call may recompile once on its second call
+        finish(call())
+    return call
