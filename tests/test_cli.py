@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,24 @@ def test_backend_names_are_the_ones_nox_and_pytest_use() -> None:
     from harness import SPECS
 
     assert {b.name for b in _selfcheck.BACKENDS} <= set(SPECS)
+
+
+def test_self_check_agrees_with_backends_data() -> None:
+    """The wheel carries no backends/ (nothing there is read at run time), so the self-check keeps
+    its own copy of what it needs; this holds that copy to backends/*/backend.toml and the extras."""
+    from harness import ROOT, SPECS, tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for backend in _selfcheck.BACKENDS:
+        spec = SPECS[backend.name]
+        # mlx: the self-check finds the package and imports mlx.core in its probe
+        assert spec["module"].partition(".")[0] == backend.module.partition(".")[0], backend.name
+        extra = re.fullmatch(r'pip install "anyrope\[(\w+)\]"', backend.install)
+        if extra is None:  # not an extra of ours: the same command as backends/ gives
+            assert spec["user-install"].startswith(backend.install), backend.name
+        else:
+            assert extra.group(1) in extras, backend.install
+            assert f"anyrope[{extra.group(1)}" in spec["user-install"].replace("'", '"'), backend.name
 
 
 def test_self_check_covers_sixteen_bit_floats(capsys: pytest.CaptureFixture[str]) -> None:
