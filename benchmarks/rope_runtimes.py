@@ -56,16 +56,20 @@ def _numpy() -> Runtime:
     )  # fmt: skip
 
 
-def _cuda_events(torch: Any) -> Callable[[Call, Callable[[Any], None], int], float]:
+def _device_events(
+    new_event: Callable[[], Any], synchronize: Callable[[], None], elapsed_ms: Callable[[Any, Any], float]
+) -> Callable[[Call, Callable[[Any], None], int], float]:
+    """A ``time_loops`` that times the device's work with two events, not the host's wall clock."""
+
     def time_loops(call: Call, _finish: Callable[[Any], None], loops: int) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
+        start, end = new_event(), new_event()
+        synchronize()
         start.record()
         for _ in range(loops):
             call()
         end.record()
         end.synchronize()
-        return float(start.elapsed_time(end)) / 1e3  # milliseconds
+        return float(elapsed_ms(start, end)) / 1e3
 
     return time_loops
 
@@ -92,7 +96,10 @@ def _torch(device: str) -> Runtime:
         index=lambda values: torch.tensor(values, dtype=torch.int64, device=device),
         copy=lambda x: x.clone(), finish=finish, scope=torch.inference_mode,
         compile=lambda fn: torch.compile(fn, fullgraph=True), compile_note="torch.compile(fullgraph=True)",
-        torch_device=device, time_loops=_cuda_events(torch) if device == "cuda" else _wall_clock,
+        torch_device=device, time_loops=_device_events(
+            lambda: torch.cuda.Event(enable_timing=True), torch.cuda.synchronize,
+            lambda start, end: start.elapsed_time(end),
+        ) if device == "cuda" else _wall_clock,
     )  # fmt: skip
 
 
@@ -139,20 +146,14 @@ def _cupy() -> Runtime:
     def make(dims: tuple[int, ...], dtype: str, seed: int) -> Any:
         return cupy.random.default_rng(seed).standard_normal(dims, dtype=cupy.float32).astype(dtype)
 
-    def time_loops(call: Call, _finish: Callable[[Any], None], loops: int) -> float:
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    def synchronize() -> None:
         cupy.cuda.get_current_stream().synchronize()
-        start.record()
-        for _ in range(loops):
-            call()
-        end.record()
-        end.synchronize()
-        return float(cupy.cuda.get_elapsed_time(start, end)) / 1e3  # milliseconds
 
     return Runtime(
         "cupy", "cupy", cupy, make, index=lambda values: cupy.asarray(values, dtype=cupy.int64),
         copy=lambda x: x.copy(),
-        finish=lambda _result: cupy.cuda.get_current_stream().synchronize(), time_loops=time_loops,
+        finish=lambda _result: synchronize(),
+        time_loops=_device_events(cupy.cuda.Event, synchronize, cupy.cuda.get_elapsed_time),
     )  # fmt: skip
 
 
