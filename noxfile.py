@@ -49,12 +49,13 @@ nox.options.error_on_missing_interpreters = True
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format) and mypy --strict."""
+    """ruff (lint and format), mypy --strict, and the layers contract (lint-imports)."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
     session.install("-e", ".")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+    session.run("lint-imports")  # pyproject's [tool.importlinter]: docs/architecture.md's layers
 
 
 def _has_nvidia_gpu() -> bool:

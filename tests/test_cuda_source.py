@@ -11,6 +11,7 @@ Runs in the NumPy session (it needs NumPy only); skips where nvcc is missing.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,9 +21,7 @@ import numpy as np
 import pytest
 
 import anyrope
-from anyrope import _plan, _registry
 from anyrope._kernels import cupy_cuda
-from anyrope._kernels._fused import fused
 from anyrope.scaling import YaRN
 
 from harness import Backend
@@ -41,7 +40,7 @@ def library(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Any:
     built = tmp_path_factory.mktemp("cuda") / "host_rope.so"
     command = [
         nvcc, "-O2", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-ffp-contract=off",
-        "-arch=sm_80", "--fmad=false", "-I", str(KERNELS), str(ROOT / "tests" / "cuda" / "host_rope.cu"),
+        "-arch=sm_80", *cupy_cuda.OPTIONS, "-I", str(KERNELS), str(ROOT / "tests" / "cuda" / "host_rope.cu"),
         "-o", str(built),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
@@ -59,8 +58,7 @@ def _host_kernel(library: Any) -> Any:
     """A stand-in for the registry's rotate: the CUDA source's threads on the host."""
 
     def rotate(job: Any) -> Any:
-        angles = fused(job)
-        assert angles is not None, "the CUDA kernel declined a call it should take"
+        angles = job.source.kernel_angles(job.x, job.seq_axis)
         x = np.ascontiguousarray(job.x)
         out = job.out if job.out is not None else np.empty_like(x)
         assert out.flags.c_contiguous
@@ -77,11 +75,12 @@ def _host_kernel(library: Any) -> Any:
     return rotate
 
 
-def _through_source(library: Any, monkeypatch: pytest.MonkeyPatch, call: Any) -> Any:
-    with monkeypatch.context() as patched:
-        kernel = _host_kernel(library)
-        patched.setattr(_plan, "rotate", kernel)
-        patched.setattr(_registry, "rotate", kernel)
+def _through_source(library: Any, call: Any) -> Any:
+    """``call()`` with the registry's CuPy declaration, taking NumPy arrays, as the only kernel:
+    what the declaration says it takes is what the source is run on."""
+    cupy = next(k for k in anyrope.kernels() if k.name == "cupy")
+    stand_in = dataclasses.replace(cupy, libraries=frozenset({"numpy"}), run=_host_kernel(library))
+    with anyrope.use_fast_paths(stand_in):
         return call()
 
 
@@ -117,9 +116,7 @@ CALLS = {
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 @pytest.mark.parametrize("name", list(CALLS))
-def test_source_matches_generic(
-    library: Any, monkeypatch: pytest.MonkeyPatch, name: str, dtype: str, layout: str
-) -> None:
+def test_source_matches_generic(library: Any, name: str, dtype: str, layout: str) -> None:
     make, kwargs = CALLS[name]
     base = make()
     rope = anyrope.RoPE(
@@ -129,12 +126,12 @@ def test_source_matches_generic(
     )  # fmt: skip
     x = RNG.standard_normal((2, 3, 9, 16)).astype(dtype)
     want = _generic(lambda: rope(x, **kwargs))
-    got = _through_source(library, monkeypatch, lambda: rope(x, **kwargs))
+    got = _through_source(library, lambda: rope(x, **kwargs))
     np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_source_in_place_and_other_axes(library: Any, monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+def test_source_in_place_and_other_axes(library: Any, layout: str) -> None:
     """(batch, seq, heads, head_dim) with per-row positions, in place, and q and k of other head
     counts (more heads than a thread's group of 8)."""
     rope = anyrope.RoPE(32, rotary_dim=24, layout=layout)
@@ -143,15 +140,13 @@ def test_source_in_place_and_other_axes(library: Any, monkeypatch: pytest.Monkey
     positions = RNG.integers(0, 4096, size=(2, 5))
     want_q, want_k = _generic(lambda: rope(q, k, positions=positions, seq_axis=-3))
     got_q, got_k = q.copy(), k.copy()
-    _through_source(
-        library, monkeypatch, lambda: rope(got_q, got_k, positions=positions, seq_axis=-3, inplace=True)
-    )
+    _through_source(library, lambda: rope(got_q, got_k, positions=positions, seq_axis=-3, inplace=True))
     np.testing.assert_array_equal(got_q, want_q)
     np.testing.assert_array_equal(got_k, want_k)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_source_with_given_tables(library: Any, monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+def test_source_with_given_tables(library: Any, dtype: str) -> None:
     """anyrope.apply with the caller's tables, shared and per batch row, both directions."""
     rope = anyrope.RoPE(16, rotary_dim=12)
     x = RNG.standard_normal((2, 4, 6, 16)).astype(dtype)
@@ -162,7 +157,7 @@ def test_source_with_given_tables(library: Any, monkeypatch: pytest.MonkeyPatch,
             def call(inverse: bool = inverse, cos: Any = cos, sin: Any = sin) -> Any:
                 return anyrope.apply(x, cos, sin, inverse=inverse)
 
-            np.testing.assert_array_equal(_through_source(library, monkeypatch, call), _generic(call))
+            np.testing.assert_array_equal(_through_source(library, call), _generic(call))
 
 
 def test_source_takes_what_the_registry_declares() -> None:

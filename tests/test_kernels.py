@@ -298,7 +298,10 @@ def test_use_fast_paths_rejects_unknown_names() -> None:
         anyrope.use_fast_paths("fastest"),
     ):
         pass
-    with pytest.raises(TypeError, match="enabled must be a bool or a kernel name"), anyrope.use_fast_paths(1):  # type: ignore[arg-type]
+    with (
+        pytest.raises(TypeError, match="enabled must be a bool, a kernel name or a Kernel"),
+        anyrope.use_fast_paths(1),
+    ):  # type: ignore[arg-type]
         pass
 
 

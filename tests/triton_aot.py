@@ -14,8 +14,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from anyrope._kernel_angles import OFFSET, POSITIONS, STARTS, TABLES
 from anyrope._kernels import _triton
-from anyrope._kernels._fused import OFFSET, POSITIONS, STARTS, TABLES
 
 POINTERS = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "float64": "*fp64"}
 # (dtype, angle mode, multi-axis, half layout): every mode and every dtype at least once

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from . import analysis, reference, scaling
 from ._cache import TableCache, table_cache
+from ._call import apply
 from ._grid import grid_positions
+from ._job import Kernel
 from ._layout import LAYOUTS, permute_qk_weight, to_layout
 from ._packed import packed_positions
-from ._registry import Kernel, kernels, use_fast_paths
+from ._registry import kernels, use_fast_paths
 from ._rerotate import rerotate
 from ._rope import RoPE
-from ._rotate import apply
 from ._sinusoidal import sinusoidal
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "LAYOUTS",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from . import _selfcheck
+
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import _selfcheck
-
     parser = argparse.ArgumentParser(
         prog="python -m anyrope",
         description=(

@@ -29,11 +29,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ._cache import table_cache
 from ._compat import Environment, float64_scope, is_library, take_rows
 from ._dtypes import int_info
 from ._exact import turns, two_pi
 
-__all__ = ["cos_sin", "cos_sin_of_angles", "index_positions"]
+__all__ = [
+    "SPLIT_BITS", "cos_sin", "cos_sin_of_angles", "index_positions", "level_steps", "split_levels",
+]  # fmt: skip
 
 RADIX_BITS = 8
 RADIX = 1 << RADIX_BITS
@@ -108,6 +111,17 @@ def _as_float(xp: Any, env: Environment, signed: Any, wrapped: Any, work: Any) -
 SPLIT_BITS = 21  # parts below 2**21, so each part's angle is within 2**21 * 2 pi * 2**-53 of exact
 
 
+def split_levels(bits: int) -> int:
+    """How many SPLIT_BITS-bit parts the magnitude of a signed ``bits``-bit integer has."""
+    return -(-(bits - 1) // SPLIT_BITS)
+
+
+def level_steps(inv_freq: tuple[float, ...], levels: int) -> list[tuple[float, ...]]:
+    """Per level ``j``, the angle of ``2**(SPLIT_BITS j)`` positions for each frequency, reduced
+    modulo 2 pi exactly (level 0: the frequencies themselves)."""
+    return [inv_freq, *(turns(1 << (SPLIT_BITS * j), inv_freq) for j in range(1, levels))]
+
+
 def _by_float64(
     xp: Any,
     env: Environment,
@@ -120,12 +134,12 @@ def _by_float64(
     traced: bool,
 ) -> tuple[Any, Any]:
     f64 = xp.float64
-    levels = -(-(env.index_bits - 1) // SPLIT_BITS)
+    levels = split_levels(env.index_bits)
 
     unsigned = wrapped is not None
 
     def build() -> tuple[Any, Any]:
-        steps = [inv_freq, *(turns(1 << (SPLIT_BITS * j), inv_freq) for j in range(1, levels))]
+        steps = level_steps(inv_freq, levels)
         # Only for unsigned positions that wrapped: 2**64 positions' angle is reduced from a
         # number beyond what a tracer's integer arithmetic keeps exactly.
         back = (
@@ -135,7 +149,7 @@ def _by_float64(
 
     # Row j: the angle of 2**(21 j) positions, reduced exactly; back: that of 2**bits positions.
     key = ("float64", inv_freq, unsigned)
-    steps, back = build() if traced else _constant(xp, env, key, build, levels + 1)
+    steps, back = _constant(xp, env, key, build, levels + 1, traced)
     freqs = steps[0, :]
     negative = signed < 0
     magnitude = xp.where(negative, -1 - signed, signed)  # ~p for negatives: never overflows
@@ -151,12 +165,15 @@ def _by_float64(
 
 
 def _constant(
-    xp: Any, env: Environment, key: tuple[Any, ...], build: Callable[[], tuple[Any, Any]], rows: int
+    xp: Any,
+    env: Environment,
+    key: tuple[Any, ...],
+    build: Callable[[], tuple[Any, Any]],
+    rows: int,
+    traced: bool,
 ) -> tuple[Any, Any]:
     """Small constant device arrays of ``rows`` float64 rows per frequency, made once per device."""
-    from ._cache import table_cache
-
-    return table_cache.constant(xp, (*key, env), build, nbytes=8 * rows * len(key[1]))
+    return table_cache.constant(xp, (*key, env), build, nbytes=8 * rows * len(key[1]), traced=traced)
 
 
 def _by_digits(
@@ -195,7 +212,7 @@ def _by_digits(
                 cos_sin[1], dtype=dtype, device=device
             )
 
-        cw, sw = wrap() if traced else _constant(xp, env, ("wrap", inv_freq, dtype), wrap, 2)
+        cw, sw = _constant(xp, env, ("wrap", inv_freq, dtype), wrap, 2, traced)
         moved_c, moved_s = _add(c, s, cw, sw)
         back = xp.reshape(wrapped, (count,))[:, None]
         c, s = xp.where(back, moved_c, c), xp.where(back, moved_s, s)
@@ -253,9 +270,7 @@ def digit_tables(
             sin_rows, dtype=dtype, device=device
         )
 
-    if traced:
-        return build()
-    return _constant(xp, env, ("digits", inv_freq, levels, dtype), build, levels * ROWS)
+    return _constant(xp, env, ("digits", inv_freq, levels, dtype), build, levels * ROWS, traced)
 
 
 def _traced_torch_tables(

@@ -125,12 +125,14 @@ class TableCache:
             return entry.tables
 
     def constant(
-        self, xp: Any, key: Hashable, build: Callable[[], tuple[Any, Any]], *, nbytes: int
+        self, xp: Any, key: Hashable, build: Callable[[], tuple[Any, Any]], *, nbytes: int, traced: bool
     ) -> tuple[Any, Any]:
         """A pair of constant device arrays (digit tables, exact angle steps), built once by
         ``build()``. Made on the device once rather than copied there on every call: a copy per
         call would cost a host-to-device transfer, which a captured CUDA graph cannot replay.
-        Never call this while tracing: nothing traced may be kept."""
+        While ``traced``, built afresh and not kept: nothing traced may be kept."""
+        if traced:
+            return build()
         entry = self._entries.get(key)  # a plain dict read: no lock needed
         if entry is not None:
             return entry.tables

@@ -9,11 +9,13 @@ MLX arrives through that fallback and is wrapped by :mod:`._mlx`.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, cast
 
 import array_api_compat
 
+from ._memo import Memo
 from ._mlx import MLXNamespace, mlx_namespace
 
 __all__ = [
@@ -53,14 +55,14 @@ def library_name(xp: Any) -> str:
 
 # An array's namespace depends only on its type: look each type up once. This keeps dispatch
 # to a dict lookup on the decode path, where array-api-compat's general checks cost 10 us each.
-_by_type: dict[type, tuple[Any, str]] = {}
+_by_type: Memo[tuple[Any, str]] = Memo()  # keyed by type objects
 
 
 def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
     kind = type(value)
     if _is_torch_type(kind):  # before any memo: see torch_compiling
         return _torch_namespace(), "torch"
-    found = _by_type.get(kind)
+    found = _by_type.find(kind)
     if found is None:
         try:
             xp = array_api_compat.array_namespace(value)
@@ -72,7 +74,7 @@ def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
         shim = mlx_namespace(xp) if getattr(xp, "__name__", "") == "mlx.core" else xp
         found = (shim, library_name(shim))
         if not library_name(shim).startswith("dask"):  # dask's namespace follows its chunk type
-            _by_type[kind] = found
+            _by_type.keep(kind, found)
     return found
 
 
@@ -110,7 +112,7 @@ def is_array(value: Any) -> bool:
     kind = type(value)
     if _is_torch_type(kind):
         return hasattr(value, "dtype") and hasattr(value, "shape")
-    return kind in _by_type or bool(array_api_compat.is_array_api_obj(value))
+    return _by_type.find(kind) is not None or bool(array_api_compat.is_array_api_obj(value))
 
 
 def array_namespace(**named: Any) -> Any:
@@ -182,7 +184,7 @@ class Environment:
     device: Any
 
 
-_environments: dict[tuple[Any, ...], Environment] = {}
+_environments: Memo[Environment] = Memo()
 
 
 def environment(xp: Any, device: Any, *, traced: bool = False) -> Environment:
@@ -190,13 +192,8 @@ def environment(xp: Any, device: Any, *, traced: bool = False) -> Environment:
     setting, remembered (but made afresh while a call is traced, which reads no memo)."""
     library = library_name(xp)
     jax_x64 = library == "jax.numpy" and _jax_x64()
-    if traced:
-        return _probe(xp, device, jax_x64)
     key = (library, _hashable(device), jax_x64)
-    found = _environments.get(key)
-    if found is None:
-        found = _environments.setdefault(key, _probe(xp, device, jax_x64))
-    return found
+    return _environments.get(key, lambda: _probe(xp, device, jax_x64), traced=traced)
 
 
 def _probe(xp: Any, device: Any, jax_x64: bool) -> Environment:
@@ -289,6 +286,16 @@ def is_writeable(xp: Any, x: Any) -> bool:
     return library not in ("jax.numpy", "mlx")
 
 
+def is_c_contiguous(xp: Any, x: Any) -> bool:
+    """Whether ``x`` is laid out densely in row-major order (arrays that cannot be written in
+    place never reach this)."""
+    library = library_name(xp)
+    if library == "torch":
+        return bool(x.is_contiguous())
+    flags = getattr(x, "flags", None)  # NumPy, CuPy
+    return flags is None or bool(flags.c_contiguous)
+
+
 def materialize(xp: Any, *arrays: Any) -> None:
     """Finish computing lazy arrays before they are shared between threads (MLX evaluates lazily,
     and one graph evaluated from several threads at once gives wrong values)."""
@@ -322,3 +329,11 @@ def _jax_take_rows(xp: Any, table: Any, indices: Any) -> Any:
     shardings = _jax_sharding()
     rows = shardings.NamedSharding(sharding.mesh, shardings.PartitionSpec(*spec, None))
     return table.at[indices].get(out_sharding=rows)
+
+
+_installed: Memo[bool] = Memo()
+
+
+def is_installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it."""
+    return _installed.get(module, lambda: importlib.util.find_spec(module) is not None)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._compat import torch_compiling
+from ._memo import Memo
 
 __all__ = [
     "compute_dtype",
@@ -17,18 +18,12 @@ __all__ = [
     "isdtype",
 ]
 
-# Keyed by the dtype's class before the dtype: two libraries' dtypes are never compared.
-_dtype_facts: dict[tuple[str, type, Any], Any] = {}
+_dtype_facts: Memo[Any] = Memo(1024)
 
 
 def _dtype_fact(what: str, dtype: Any, compute: Callable[[], Any]) -> Any:
-    if torch_compiling(dtype):  # no memo while dynamo traces (see torch_compiling)
-        return compute()
-    key = (what, type(dtype), dtype)
-    found = _dtype_facts.get(key)
-    if found is None:
-        found = _dtype_facts[key] = compute()
-    return found
+    # Keyed by the dtype's class before the dtype: two libraries' dtypes are never compared.
+    return _dtype_facts.get((what, type(dtype), dtype), compute, traced=torch_compiling(dtype))
 
 
 def isdtype(xp: Any, dtype: Any, kind: str) -> bool:

@@ -41,6 +41,7 @@ def two_pi(bits: int) -> int:
 def turn(n: int, theta: float) -> float:
     """``(n * theta) mod 2 pi`` in [0, 2 pi), with one rounding at the end.
 
+    >>> import math
     >>> turn(3, 1.0) == 3.0
     True
     >>> abs(turn(2**62, 1.0) - math.fmod(2**62, 2 * math.pi)) > 1.0  # float64 gets it wrong

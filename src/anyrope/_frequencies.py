@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._memo import Memo
 from .scaling import Scaling
 
-__all__ = ["Frequencies", "LengthSwitch", "Spectrum"]
+__all__ = ["LengthSwitch", "PairFrequencies", "Spectrum"]
 
 
-class Frequencies:
-    """Hashable frequencies and table scale; the hash is computed once, as keys are built per call."""
+class PairFrequencies:
+    """One set of per-pair frequencies and the table scale, hashable; the hash is computed once, as keys are built per call."""
 
     __slots__ = ("_hash", "inv_freq", "scale")
 
@@ -23,7 +24,9 @@ class Frequencies:
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, Frequencies) and self.inv_freq == other.inv_freq and self.scale == other.scale
+            isinstance(other, PairFrequencies)
+            and self.inv_freq == other.inv_freq
+            and self.scale == other.scale
         )
 
 
@@ -34,8 +37,8 @@ class LengthSwitch:
     (DynamicNTK)."""
 
     threshold: int
-    short: Frequencies
-    long: Frequencies | None
+    short: PairFrequencies
+    long: PairFrequencies | None
 
 
 class Spectrum:
@@ -46,55 +49,51 @@ class Spectrum:
         "base",
         "fixed",
         "max_position",
+        "original",
         "rotary_dim",
         "scaling",
         "static",
         "switch",
-        "theta",
     )
 
     def __init__(
-        self, scaling: Scaling, rotary_dim: int, theta: float, max_position: int | None, fixed: int | None
+        self, scaling: Scaling, rotary_dim: int, base: float, max_position: int | None, fixed: int | None
     ) -> None:
-        self.scaling, self.rotary_dim, self.theta = scaling, rotary_dim, theta
+        self.scaling, self.rotary_dim, self.base = scaling, rotary_dim, base
         self.max_position, self.fixed = max_position, fixed
-        self._by_length: dict[int, Frequencies] = {}
-        self.base = self._compute(None)  # within the original context
+        self._by_length: Memo[PairFrequencies] = Memo()  # decoding under DynamicNTK meets every length once
+        self.original = self._compute(None)  # the frequencies within the original context
         # Every call's frequencies where they do not depend on the call (fixed with at_length).
-        self.static = self.base if fixed is None or not scaling.length_dependent else self._compute(fixed)
+        self.static = self.original if fixed is None or not scaling.length_dependent else self._compute(fixed)
         # Where the length is not known on the host: both sides, made now, as a traced call may
         # read no memo (dynamo would guard on it).
         self.switch: LengthSwitch | None = None
         if self.length_dependent:
             threshold = scaling.original_length()
             long = None if scaling.continuous else self._compute(threshold + 1)
-            self.switch = LengthSwitch(threshold, self.base, long)
+            self.switch = LengthSwitch(threshold, self.original, long)
 
     @property
     def length_dependent(self) -> bool:
         return self.scaling.length_dependent and self.fixed is None
 
-    def _compute(self, seq_len: int | None) -> Frequencies:
+    def _compute(self, seq_len: int | None) -> PairFrequencies:
         inv_freq, scale = self.scaling.frequencies(
-            self.rotary_dim, self.theta, seq_len=seq_len, max_position=self.max_position
+            self.rotary_dim, self.base, seq_len=seq_len, max_position=self.max_position
         )
-        return Frequencies(tuple(float(f) for f in inv_freq), float(scale))
+        return PairFrequencies(tuple(float(f) for f in inv_freq), float(scale))
 
-    def at(self, seq_len: int | None) -> Frequencies:
-        """Frequencies for a sequence length; the same object for every length that shares them."""
+    def at(self, seq_len: int | None) -> PairFrequencies:
+        """The frequencies for a sequence length; the same object for every length that shares them."""
         if seq_len is None or self.fixed is not None or not self.scaling.length_dependent:
             return self.static
-        found = self._by_length.get(seq_len)
-        if found is None:
-            found = self._compute(seq_len)
-            if found == self.base:
-                found = self.base
-            if len(self._by_length) >= 256:  # decoding under DynamicNTK meets every length once
-                self._by_length.clear()
-            self._by_length[seq_len] = found
-        return found
+        return self._by_length.get(seq_len, lambda: self._at(seq_len))
 
-    def for_call(self, length: int | None) -> Frequencies | LengthSwitch:
+    def _at(self, seq_len: int) -> PairFrequencies:
+        found = self._compute(seq_len)
+        return self.original if found == self.original else found
+
+    def for_call(self, length: int | None) -> PairFrequencies | LengthSwitch:
         """For a call whose ``max(positions) + 1`` is ``length`` if known on the host, else None."""
         if self.switch is None:
             return self.static
@@ -102,6 +101,6 @@ class Spectrum:
             return self.at(length)
         return self.switch
 
-    def cacheable(self, freqs: Frequencies) -> bool:
+    def cacheable(self, freqs: PairFrequencies) -> bool:
         """Whether tables of ``freqs`` are worth keeping (not for one DynamicNTK length among many)."""
         return freqs is self.static or not self.scaling.continuous

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._args import check_int
-from ._compat import array_namespace, device_of, environment
+from ._context import call_context
 
 __all__ = ["grid_positions"]
 
@@ -48,9 +48,8 @@ def grid_positions(shape: Sequence[int], *, prefix: int = 0, start: int = 0, lik
         import numpy as np
 
         like = np.zeros(0)
-    xp = array_namespace(like=like)
-    device = device_of(xp, like)
-    index = environment(xp, device, traced=False).index
+    ctx = call_context(("like", like), grad_of=())
+    xp, device, index = ctx.xp, ctx.device, ctx.env.index
     count = math.prod(sizes)
     tokens = xp.arange(count, dtype=index, device=device)
     rows = []

@@ -13,7 +13,8 @@ import operator
 from typing import Any
 
 from ._args import check_int
-from ._compat import array_namespace, device_of, environment, host_array, is_array, is_traced, take_rows
+from ._compat import host_array, is_array, take_rows
+from ._context import call_context
 from ._dtypes import isdtype
 
 __all__ = ["packed_positions"]
@@ -81,12 +82,10 @@ def packed_positions(cu_seqlens: Any, total: int, *, offsets: Any = None) -> Any
     array([10, 11, 12, 30, 31])
     """
     array_offsets = offsets if is_array(offsets) else None
-    xp = array_namespace(cu_seqlens=cu_seqlens, offsets=array_offsets)
+    ctx = call_context(("cu_seqlens", cu_seqlens), ("offsets", array_offsets), grad_of=())
+    xp, env, device, traced = ctx.xp, ctx.env, ctx.device, ctx.traced
     _check_cu_seqlens(xp, cu_seqlens)
     num_seqs = cu_seqlens.shape[0] - 1
-    device = device_of(xp, cu_seqlens)
-    traced = is_traced(xp, cu_seqlens, array_offsets)
-    env = environment(xp, device, traced=traced)
     total = _count(total, env.index_bits, traced)
     start = _offset(xp, offsets, num_seqs, total, env.index_bits, traced)
     known = host_array(xp, cu_seqlens, traced)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._angles import index_positions
 from ._compat import Environment, host_array, is_array
 from ._dtypes import int_info, isdtype
 
@@ -42,6 +43,11 @@ class PositionSpec:
     def host(self, seq: int) -> Any:
         """The positions as a (rows, seq) int64 NumPy array where they are known on the host, else None."""
         return None
+
+    def unsigned64(self, xp: Any) -> bool:
+        """Whether the positions were given as 64-bit unsigned integers (their wrap-around is the
+        generic path's alone)."""
+        return False
 
     def host_range(self, seq: int) -> tuple[int, int] | None:
         """(smallest, largest) position over ``seq`` tokens where known on the host, else None."""
@@ -97,6 +103,10 @@ class Given:
             self._array = self._make()
         return self._array
 
+    def unsigned64(self, xp: Any) -> bool:
+        """Whether they are a 64-bit unsigned array (Python ints become the signed index dtype)."""
+        return self._array is not None and int_info(xp, self._array.dtype) == (64, False)
+
     def span(self) -> tuple[int, int] | None:
         """(smallest, largest) where known on the host and not empty, else None."""
         known = self.known
@@ -117,6 +127,9 @@ class ArrayOffset(PositionSpec):
         self.start = start
         self.ndim = 1 if start.ndim == 0 else 2
         self.rows = 1 if start.ndim == 0 else start.shape[0]
+
+    def unsigned64(self, xp: Any) -> bool:
+        return self.start.unsigned64(xp)
 
     def check(self, x: Any, arg: str, axis: int) -> None:
         if self.start.ndim == 1:
@@ -160,6 +173,9 @@ class Positions(PositionSpec):
         self.ndim = values.ndim
         self.rows = values.shape[0] if values.ndim == 2 else 1
 
+    def unsigned64(self, xp: Any) -> bool:
+        return self.values.unsigned64(xp)
+
     def check(self, x: Any, arg: str, axis: int) -> None:
         _check_positions(self.values.shape, x, arg, axis)
 
@@ -188,6 +204,9 @@ class MultiAxis(PositionSpec):
         self.ndim = values.ndim - 1
         self.rows = values.shape[1] if values.ndim == 3 else 1
 
+    def unsigned64(self, xp: Any) -> bool:
+        return self.values.unsigned64(xp)
+
     def check(self, x: Any, arg: str, axis: int) -> None:
         _check_positions(self.values.shape[1:], x, arg, axis)
 
@@ -210,8 +229,6 @@ def _widened(xp: Any, env: Environment, start: Any) -> tuple[Any, bool]:
 def _saturated(xp: Any, env: Environment, values: Any) -> Any:
     """Integer values in the index dtype for comparisons; unsigned values past its range (which
     wrap when cast) become its largest value."""
-    from ._angles import index_positions
-
     signed, wrapped = index_positions(xp, env, values)
     if wrapped is None:
         return signed

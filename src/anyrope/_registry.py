@@ -1,111 +1,58 @@
-"""The kernel registry: every rotation kernel, declared by what it supports, chosen at one point.
+"""The kernel registry: every rotation kernel, declared by what it takes, chosen at one point.
 
-A kernel declares the libraries, device types, layouts and dtypes it takes, and whether it
-writes in place, can be traced (``torch.compile``, ``jax.jit``, ``mx.compile``) and is
-differentiable. :func:`rotate` tries, in registry order, the kernels whose declaration covers a
-job; a kernel may still decline one (returning None) for what only the arrays show, such as a
-memory layout, before it writes anything. The generic array-API kernel comes last and takes
-every job. The same declarations drive the tests' parametrization and the docs' tables.
+A kernel declares everything it takes (see :class:`anyrope._job.Kernel`): libraries, device
+types, layouts, dtypes, position sources, and whether it writes in place, can be traced
+(``torch.compile``, ``jax.jit``, ``mx.compile``), is differentiable, and so on. :func:`choose`
+takes, in registry order, the first kernel whose declaration covers a job's key: no kernel
+declines at run time. The generic array-API kernel comes last and takes every job. The same
+declarations drive the tests' parametrization and the docs' tables.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias
 
-if TYPE_CHECKING:
-    from ._plan import Job
+from ._job import Job, Kernel, KernelKey
+from ._kernels import REGISTRY
+from ._memo import Memo
 
-__all__ = ["Kernel", "kernels", "rotate", "use_fast_paths"]
+__all__ = ["Switch", "choose", "current_switch", "fast_paths_enabled", "kernels", "use_fast_paths"]
 
-ANY: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """One way to rotate: what it supports, and how to run it.
-
-    Empty ``libraries``, ``devices`` or ``dtypes`` mean "any". ``requires`` names optional
-    modules it needs (checked without importing them).
-    """
-
-    name: str
-    summary: str
-    libraries: frozenset[str]
-    devices: frozenset[str]
-    layouts: frozenset[str]
-    dtypes: frozenset[str]
-    inplace: bool
-    traceable: bool
-    differentiable: bool
-    run: Callable[[Job], Any] = field(repr=False, compare=False)
-    requires: tuple[str, ...] = ()
-
-    @property
-    def available(self) -> bool:
-        """Whether every module in ``requires`` is installed."""
-        return all(_installed(module) for module in self.requires)
-
-    def declares(self, key: tuple[Any, ...]) -> str | None:
-        """None if this kernel's declaration covers a job with this key, else why not."""
-        library, device, dtype, layout, inplace, traced, grad = key
-        for wanted, have, what in (
-            (library, self.libraries, "library"),
-            (device, self.devices, "device"),
-            (dtype, self.dtypes, "dtype"),
-            (layout, self.layouts, "layout"),
-        ):
-            if have and wanted not in have:
-                return f"{what} {wanted} (it takes {', '.join(sorted(have))})"
-        for needed, has, what in (
-            (inplace, self.inplace, "in-place writes"),
-            (traced, self.traceable, "tracing"),
-            (grad, self.differentiable, "gradients"),
-        ):
-            if needed and not has:
-                return f"no {what}"
-        if not self.available:
-            return f"needs {', '.join(self.requires)} (not installed)"
-        return None
-
-
-_found: dict[str, bool] = {}
-
-
-def _installed(module: str) -> bool:
-    if module not in _found:
-        _found[module] = importlib.util.find_spec(module) is not None
-    return _found[module]
+#: What ``use_fast_paths`` sets: every kernel (True), the generic one only (False), one
+#: registered kernel by name, or a Kernel object (a test's stand-in for a registered one).
+Switch: TypeAlias = "bool | str | Kernel"
 
 
 def kernels() -> tuple[Kernel, ...]:
     """Every registered kernel, in the order they are tried; the generic one is last."""
-    from ._kernels import REGISTRY  # a plain import, not a cached call: dynamo traces this
-
     return REGISTRY
 
 
 # The switch: a ContextVar (thread- and task-local), mirrored in a thread-local that dynamo can
 # read while tracing (it cannot trace ContextVar.get).
-_switch: ContextVar[bool | str] = ContextVar("anyrope_kernels", default=True)
+_switch: ContextVar[Switch] = ContextVar("anyrope_kernels", default=True)
 _mirror = threading.local()
 
 
-def _current(traced: bool) -> bool | str:
+def current_switch(traced: bool) -> Switch:
+    """The switch in this context (from the mirror while traced)."""
     if traced:
-        return getattr(_mirror, "value", True)
+        value: Switch = getattr(_mirror, "value", True)
+        return value
     return _switch.get()
 
 
 @contextlib.contextmanager
-def use_fast_paths(enabled: bool | str = True) -> Iterator[None]:
+def use_fast_paths(enabled: Switch = True) -> Iterator[None]:
     """Choose kernels within a ``with`` block: all (True, the default), the generic array-API
-    code only (False), or one kernel by name, which then must take every call in the block.
+    code only (False), or one kernel, by name or as a :class:`anyrope.Kernel` (which need not
+    be registered: tests pass stand-ins), which then must take every call in the block; a call
+    it cannot take raises ValueError before any work, naming what the call has that it does not
+    take. Dask arrays are rotated chunk by chunk under the switch of the call that made them.
 
     Examples
     --------
@@ -121,8 +68,8 @@ def use_fast_paths(enabled: bool | str = True) -> Iterator[None]:
         names = [k.name for k in kernels()]
         if enabled not in names:
             raise ValueError(f"no kernel named {enabled!r}; the registry has {', '.join(names)}")
-    elif not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool or a kernel name, not {type(enabled).__name__}")
+    elif not isinstance(enabled, (bool, Kernel)):
+        raise TypeError(f"enabled must be a bool, a kernel name or a Kernel, not {type(enabled).__name__}")
     token = _switch.set(enabled)
     previous = getattr(_mirror, "value", True)
     _mirror.value = enabled
@@ -133,43 +80,44 @@ def use_fast_paths(enabled: bool | str = True) -> Iterator[None]:
         _switch.reset(token)
 
 
-def fast_paths_enabled() -> bool | str:
-    """The switch in this context: True, False or a kernel name."""
+def fast_paths_enabled() -> Switch:
+    """The switch in this context: True, False, a kernel name or a Kernel."""
     return _switch.get()
 
 
-_candidates: dict[tuple[Any, ...], tuple[Kernel, ...]] = {}
+def _allowed(switch: Switch) -> tuple[Kernel, ...]:
+    if switch is True:
+        return kernels()
+    if switch is False:
+        return kernels()[-1:]
+    if isinstance(switch, Kernel):
+        return (switch,)
+    return tuple(k for k in kernels() if k.name == switch)
 
 
-def candidates(key: tuple[Any, ...], switch: bool | str, *, traced: bool = False) -> tuple[Kernel, ...]:
-    """The kernels whose declarations cover ``key``, in order; remembered per key (a pure function
-    of it), which keeps selection to one dict lookup on the decode path, except while traced
-    (nothing traced reads a memo: see ``_compat.torch_compiling``)."""
-    found = None if traced else _candidates.get((key, switch))
-    if found is None:
-        every = kernels()
-        if switch is False:
-            every = every[-1:]
-        elif isinstance(switch, str):
-            every = tuple(k for k in every if k.name == switch)
-        found = tuple(k for k in every if k.declares(key) is None)
-        if not traced:
-            _candidates[(key, switch)] = found
-    return found
+# A pure function of (key, switch name): selection is one dict lookup on the decode path.
+_candidates: Memo[tuple[Kernel, ...]] = Memo()
 
 
-def rotate(job: Job) -> Any:
-    """Run the first kernel that takes ``job``."""
-    switch = _current(job.traced)
-    for kernel in candidates(job.key, switch, traced=job.traced):
-        result = kernel.run(job)
-        if result is not None:
-            return result
-    raise ValueError(_refusal(switch, job))
+def candidates(key: KernelKey, switch: Switch) -> tuple[Kernel, ...]:
+    """The kernels that take a job with ``key`` under ``switch``, in registry order."""
+    if isinstance(switch, Kernel) or key.traced:  # a stand-in is not registered: never memoised
+        return tuple(k for k in _allowed(switch) if k.takes(key))
+    return _candidates.get((key, switch), lambda: tuple(k for k in _allowed(switch) if k.takes(key)))
 
 
-def _refusal(switch: bool | str, job: Job) -> str:
-    """Why the kernel ``use_fast_paths`` named could not take ``job`` (the generic one takes all)."""
-    forced = next(k for k in kernels() if k.name == switch)
-    why = forced.declares(job.key) or "it declined these arrays (memory layout or table dtype)"
-    return f"kernel {switch!r} cannot rotate {job.arg} here: {why}"
+def choose(job: Job, switch: Switch) -> Kernel:
+    """The kernel that runs ``job``: the first that takes it, or ValueError where the kernel the
+    switch names does not (the generic kernel takes every job)."""
+    found = candidates(job.key, switch)
+    if found:
+        return found[0]
+    forced = _allowed(switch)[0]
+    raise ValueError(f"kernel {forced.name!r} cannot rotate {job.arg} here: {forced.why_not(job.key)}")
+
+
+def run(jobs: list[Job]) -> list[Any]:
+    """Run each job through its kernel, every kernel chosen before any runs."""
+    switch = current_switch(jobs[0].ctx.traced)
+    chosen = [choose(job, switch) for job in jobs]
+    return [kernel.run(job) for kernel, job in zip(chosen, jobs, strict=True)]

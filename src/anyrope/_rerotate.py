@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from ._args import check_int
-from ._compat import Environment, array_namespace, device_of, environment, is_array, is_traced
+from ._call import rotate_by_tables
+from ._checks import check_input, normalize_seq_axis
+from ._compat import Environment, is_array
+from ._context import call_context
 from ._dtypes import compute_dtype, isdtype
-from ._plan import Job, PositionAngles, _grad
 from ._positions import MultiAxis, PositionSpec, position_spec
-from ._registry import rotate
-from ._rope import RoPE
-from ._rotate import GivenTables, check_input, normalize_seq_axis
+from ._rope import RoPE, rotary_of
+from ._tables import PositionTables
 from ._xpos import xpos_scale
 
 __all__ = ["rerotate"]
@@ -109,16 +110,11 @@ def rerotate(
             raise ValueError(
                 f"old and new must share {attr} (got {getattr(old, attr)!r} and {getattr(new, attr)!r}){hint}"
             )
-    named = {"k": k}
-    for arg, value in (("positions", positions), ("offset", offset), ("shift", shift)):
-        if type(value) is not int and value is not None and is_array(value):
-            named[arg] = value
-    xp = array_namespace(**named)
+    others = [(arg, value) for arg, value in (("positions", positions), ("offset", offset), ("shift", shift))]
+    ctx = call_context(("k", k), *others, grad_of=(k,))
+    xp, env, device, traced = ctx.xp, ctx.env, ctx.device, ctx.traced
     check_input(xp, k, arg="k", head_dim=old.head_dim)
     axis = normalize_seq_axis(seq_axis, k.ndim, arg="k")
-    device = device_of(xp, k)
-    traced = is_traced(xp, *named.values())
-    env = environment(xp, device, traced=traced)
     spec = position_spec(xp, env, positions, offset, device, traced=traced, streams=old.streams)
     spec.check(k, "k", axis)
     seq, compute = k.shape[axis], compute_dtype(xp, k.dtype)
@@ -128,30 +124,17 @@ def rerotate(
     tables = []
     for rope, length, where in ((old, old_length, spec), (new, new_length, moved)):
         fixed = rope if length is None else rope.at_length(length)
-        tables.append(PositionAngles(fixed, xp, env, where, device, traced, seq).tables(seq, work))
+        tables.append(PositionTables(rotary_of(fixed), ctx, where, seq).tables(seq, work))
     (c_old, s_old), (c_new, s_new) = tables
     rescale = 1.0 / old.attention_scaling**2  # the product carries both scales; keep new / old
     cos, sin = (c_new * c_old + s_new * s_old) * rescale, (s_new * c_old - c_new * s_old) * rescale
     for rope, where, sign in ((new, moved, -1.0), (old, spec, 1.0)):  # xPos keys: new scale / old scale
         if rope.xpos_scale_base is not None:
-            factor = xpos_scale(xp, env, where, seq, device, rope, sign, work)
+            factor = xpos_scale(ctx, where, seq, rotary_of(rope), sign, work)
             cos, sin = cos * factor, sin * factor
     cos, sin = xp.astype(cos, compute), xp.astype(sin, compute)
-    job = Job(
-        xp,
-        env,
-        k,
-        "k",
-        axis,
-        new.layout,
-        new.clockwise,  # the difference turns the other way too
-        None,
-        GivenTables(cos, sin),
-        traced,
-        _grad(xp, [("k", k)]),
-        compute,
-    )
-    return rotate(job)
+    # clockwise: the difference turns the other way too
+    return rotate_by_tables(ctx, k, "k", axis, new.layout, new.clockwise, None, cos, sin, compute)
 
 
 def _no_shift(shift: Any) -> bool:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from ._args import check_int, check_positive
-from ._cache import table_cache, untracked
-from ._compat import Environment, array_namespace, device_of, environment, is_array, is_traced, materialize
-from ._dtypes import compute_dtype, isdtype
-from ._frequencies import Frequencies, LengthSwitch, Spectrum
-from ._layout import Layout, check_rotary_dim, normalize_layout
-from ._plan import rope_call
-from ._positions import Offset, position_spec
+from ._call import cos_sin, rope_call
+from ._frequencies import Spectrum
+from ._hf import layer_count, parse_hf_config
+from ._layout import check_rotary_dim, normalize_layout
+from ._rotary import Rotary
 from ._sections import axial_sections, check_sections
 from .scaling import Scaling
 
@@ -84,18 +83,7 @@ class RoPE:
     True
     """
 
-    __slots__ = (
-        "_base",
-        "_clockwise",
-        "_head_dim",
-        "_layout",
-        "_max_position",
-        "_rotary_dim",
-        "_scaling",
-        "_sections",
-        "_spectrum",
-        "_xpos",
-    )
+    __slots__ = ("_rotary",)  # everything else reads this one frozen value
 
     def __init__(
         self,
@@ -141,16 +129,12 @@ class RoPE:
                 f"YaRN, Llama3, LongRoPE, Proportional, MaxLengthAware), not {scaling!r}; for a model's "
                 "config use RoPE.from_hf_config"
             )
-        self._head_dim = head_dim
-        self._rotary_dim = rotary_dim
-        self._base = float(base)
-        self._layout: Layout = normalize_layout(layout)
-        self._max_position = max_position
-        self._clockwise = clockwise
-        self._sections = sections
-        self._xpos = xpos_scale_base
-        self._scaling: Scaling = scaling if scaling is not None else Scaling()
-        self._spectrum = Spectrum(self._scaling, rotary_dim, self._base, max_position, None)
+        method: Scaling = scaling if scaling is not None else Scaling()
+        self._rotary = Rotary(
+            head_dim=head_dim, rotary_dim=rotary_dim, base=float(base), layout=normalize_layout(layout),
+            clockwise=clockwise, scaling=method, max_position=max_position, sections=sections,
+            xpos_scale_base=xpos_scale_base, spectrum=Spectrum(method, rotary_dim, float(base), max_position, None),
+        )  # fmt: skip
 
     @classmethod
     def from_hf_config(
@@ -209,8 +193,6 @@ class RoPE:
         ...                              "num_attention_heads": 4}).layout
         'interleaved'
         """
-        from ._hf import parse_hf_config
-
         kwargs = parse_hf_config(config, layer_type=layer_type, layer=layer)
         if layout is not None:
             kwargs["layout"] = layout
@@ -228,8 +210,6 @@ class RoPE:
         >>> [rope is not None for rope in ropes]
         [True, True, True, False]
         """
-        from ._hf import layer_count
-
         layers: list[RoPE | None] = []
         for index in range(layer_count(config)):
             try:
@@ -240,33 +220,38 @@ class RoPE:
                 layers.append(None)
         return layers
 
-    head_dim = property(lambda self: self._head_dim, doc="Features per head.")
-    rotary_dim = property(lambda self: self._rotary_dim, doc="Rotated features per head.")
-    base = property(lambda self: self._base, doc="The frequency base.")
-    layout = property(lambda self: self._layout, doc='The canonical layout, "half" or "interleaved".')
-    clockwise = property(lambda self: self._clockwise, doc="Whether pairs turn by -position * theta.")
+    head_dim = property(lambda self: self._rotary.head_dim, doc="Features per head.")
+    rotary_dim = property(lambda self: self._rotary.rotary_dim, doc="Rotated features per head.")
+    base = property(lambda self: self._rotary.base, doc="The frequency base.")
+    layout = property(lambda self: self._rotary.layout, doc='The canonical layout, "half" or "interleaved".')
+    clockwise = property(lambda self: self._rotary.clockwise, doc="Whether pairs turn by -position * theta.")
 
     @property
     def mrope_section(self) -> tuple[int, ...] | None:
         """Frequency pairs per position stream (M-RoPE), or None."""
-        return None if self._sections is None or self._sections.axial else self._sections.sizes
+        sections = self._rotary.sections
+        return None if sections is None or sections.axial else sections.sizes
 
     @property
     def axial(self) -> int | None:
         """The number of axes of axial RoPE, or None."""
-        return self._sections.streams if self._sections is not None and self._sections.axial else None
+        sections = self._rotary.sections
+        return sections.streams if sections is not None and sections.axial else None
 
     @property
     def axial_frequencies(self) -> str | None:
         """How axial RoPE shares the frequencies out ("blocks" or "alternating"), or None."""
-        return self._sections.kind if self._sections is not None and self._sections.axial else None
+        sections = self._rotary.sections
+        return sections.kind if sections is not None and sections.axial else None
 
     @property
     def mrope_interleaved(self) -> bool:
         """Whether M-RoPE's streams are spread across the pairs (Qwen3-VL) rather than contiguous."""
-        return self._sections is not None and self._sections.interleaved
+        return self._rotary.sections is not None and self._rotary.sections.interleaved
 
-    xpos_scale_base = property(lambda self: self._xpos, doc="xPos's scale base, or None without xPos.")
+    xpos_scale_base = property(
+        lambda self: self._rotary.xpos_scale_base, doc="xPos's scale base, or None without xPos."
+    )
 
     @property
     def pair_streams(self) -> tuple[int, ...]:
@@ -276,7 +261,7 @@ class RoPE:
         >>> anyrope.RoPE(16, mrope_section=[4, 2, 2], mrope_interleaved=True).pair_streams
         (0, 1, 2, 0, 1, 2, 0, 0)
         """
-        return (0,) * (self._rotary_dim // 2) if self._sections is None else self._sections.stream_of
+        return self._rotary.pair_streams
 
     @property
     def pair_frequencies(self) -> tuple[int, ...]:
@@ -287,19 +272,21 @@ class RoPE:
         >>> anyrope.RoPE(16, axial=2, axial_frequencies="alternating").pair_frequencies
         (0, 2, 4, 6, 1, 3, 5, 7)
         """
-        return tuple(range(self._rotary_dim // 2)) if self._sections is None else self._sections.freq_of
+        return self._rotary.pair_frequencies
 
     @property
     def streams(self) -> int:
         """Positions per token: ``len(mrope_section)`` for M-RoPE, ``axial`` for axial RoPE, else 1."""
-        return 1 if self._sections is None else self._sections.streams
+        return self._rotary.streams
 
     @property
     def scaling(self) -> Scaling | None:
         """The long-context scaling, or None for plain RoPE."""
-        return None if type(self._scaling) is Scaling else self._scaling
+        return None if type(self._rotary.scaling) is Scaling else self._rotary.scaling
 
-    max_position = property(lambda self: self._max_position, doc="The expected longest context, or None.")
+    max_position = property(
+        lambda self: self._rotary.max_position, doc="The expected longest context, or None."
+    )
 
     @property
     def inv_freq(self) -> tuple[float, ...]:
@@ -308,11 +295,11 @@ class RoPE:
         For methods that change with the sequence (``DynamicNTK``, ``LongRoPE``) these are the
         frequencies within the original context; see :meth:`inv_freq_at`.
         """
-        return self._spectrum.at(None).inv_freq
+        return self._rotary.spectrum.at(None).inv_freq
 
     def inv_freq_at(self, seq_len: int) -> tuple[float, ...]:
         """The frequencies used for a sequence of ``seq_len`` positions (``max(positions) + 1``)."""
-        return self._spectrum.at(check_int(seq_len, "seq_len", low=0)).inv_freq
+        return self._rotary.spectrum.at(check_int(seq_len, "seq_len", low=0)).inv_freq
 
     @property
     def attention_scaling(self) -> float:
@@ -320,12 +307,12 @@ class RoPE:
 
         1.0 for plain RoPE; YaRN's and LongRoPE's attention factors otherwise, as in transformers.
         """
-        return self._spectrum.at(None).scale
+        return self._rotary.spectrum.at(None).scale
 
     @property
     def fixed_length(self) -> int | None:
         """The sequence length whose frequencies every call uses (see :meth:`at_length`), or None."""
-        return self._spectrum.fixed
+        return self._rotary.spectrum.fixed
 
     def at_length(self, seq_len: int) -> RoPE:
         """This RoPE with the frequencies of ``seq_len`` fixed for every call.
@@ -343,41 +330,34 @@ class RoPE:
         >>> static.inv_freq == rope.inv_freq_at(64)
         True
         """
-        seq_len = check_int(seq_len, "seq_len", low=1)
-        spectrum = Spectrum(self._scaling, self._rotary_dim, self._base, self._max_position, seq_len)
-        return self._copy(_spectrum=spectrum)
+        return _wrap(self._rotary.at_length(check_int(seq_len, "seq_len", low=1)))
 
-    def _copy(self, **changes: Any) -> RoPE:
-        """This RoPE with some slots replaced (its spectrum is shared unless replaced)."""
-        copy = object.__new__(RoPE)
-        for name in RoPE.__slots__:
-            setattr(copy, name, changes.get(name, getattr(self, name)))
-        return copy
-
-    def _frequencies_for(self, length: int | None) -> Frequencies | LengthSwitch:
-        return self._spectrum.for_call(length)
+    def _replace(self, **changes: Any) -> RoPE:
+        """This RoPE with some of its description replaced, unchecked (for the integrations)."""
+        return _wrap(dataclasses.replace(self._rotary, **changes))
 
     def __repr__(self) -> str:
-        parts = [f"{self._head_dim}", f"base={self._base!r}"]
-        if self._rotary_dim != self._head_dim:
-            parts.append(f"rotary_dim={self._rotary_dim}")
-        parts.append(f"layout={self._layout!r}")
+        r = self._rotary
+        parts = [f"{r.head_dim}", f"base={r.base!r}"]
+        if r.rotary_dim != r.head_dim:
+            parts.append(f"rotary_dim={r.rotary_dim}")
+        parts.append(f"layout={r.layout!r}")
         if self.scaling is not None:
             parts.append(f"scaling={self.scaling!r}")
-        if self._max_position is not None:
-            parts.append(f"max_position={self._max_position}")
-        if self._clockwise:
+        if r.max_position is not None:
+            parts.append(f"max_position={r.max_position}")
+        if r.clockwise:
             parts.append("clockwise=True")
-        if self._sections is not None and self._sections.axial:
-            parts.append(f"axial={self._sections.streams}, axial_frequencies={self._sections.kind!r}")
-        elif self._sections is not None:
-            parts.append(f"mrope_section={list(self._sections.sizes)}")
-            if self._sections.interleaved:
+        if r.sections is not None and r.sections.axial:
+            parts.append(f"axial={r.sections.streams}, axial_frequencies={r.sections.kind!r}")
+        elif r.sections is not None:
+            parts.append(f"mrope_section={list(r.sections.sizes)}")
+            if r.sections.interleaved:
                 parts.append("mrope_interleaved=True")
-        if self._xpos is not None:
-            parts.append(f"xpos_scale_base={self._xpos!r}")
+        if r.xpos_scale_base is not None:
+            parts.append(f"xpos_scale_base={r.xpos_scale_base!r}")
         text = f"RoPE({', '.join(parts)})"
-        return text if self._spectrum.fixed is None else f"{text}.at_length({self._spectrum.fixed})"
+        return text if r.spectrum.fixed is None else f"{text}.at_length({r.spectrum.fixed})"
 
     def cos_sin(self, positions: Any, *, like: Any) -> tuple[Any, Any]:
         """Compact tables for ``positions``: shape ``positions.shape + (rotary_dim // 2,)``.
@@ -389,51 +369,7 @@ class RoPE:
         For M-RoPE, positions of more than one axis have the streams first, ``(streams, ...)``,
         and the tables have shape ``positions.shape[1:] + (rotary_dim // 2,)``.
         """
-        from ._plan import PositionAngles
-
-        if self._xpos is not None:
-            raise ValueError(
-                "an xPos RoPE scales q and k by different tables, which one pair of cos and sin cannot "
-                "give: call rope(q, k)"
-            )
-        xp = array_namespace(like=like, positions=positions if is_array(positions) else None)
-        if not isdtype(xp, like.dtype, "real floating"):
-            raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
-        device = device_of(xp, like)
-        traced = is_traced(xp, like, positions if is_array(positions) else None)
-        env = environment(xp, device, traced=traced)
-        spec = position_spec(xp, env, positions, 0, device, ndims=None, traced=traced, streams=self.streams)
-        angles = PositionAngles(self, xp, env, spec, device, traced, 0)  # explicit positions: no seq
-        cos, sin = angles.tables(0, compute_dtype(xp, like.dtype))
-        if self._clockwise:
-            sin = -sin
-        return xp.astype(cos, like.dtype, copy=False), xp.astype(sin, like.dtype, copy=False)
-
-    def _prefix(
-        self, xp: Any, env: Environment, freqs: Frequencies, length: int, dtype: Any, device: Any
-    ) -> tuple[Any, Any] | None:
-        """Cached tables for positions 0 .. length - 1 or more, or None where none are kept."""
-        if not self._spectrum.cacheable(freqs):
-            return None  # DynamicNTK past the original length: new frequencies at every length
-        key = (freqs, env, dtype)  # env: one object per library and device
-        found = table_cache.covering(key, length)
-        if found is not None:
-            return found
-
-        def build(n: int) -> tuple[Any, Any]:
-            from ._angles import cos_sin
-            from ._plan import scaled
-
-            with untracked(xp):
-                positions = Offset(0).positions(xp, env, n, device)
-                cos, sin = scaled(
-                    cos_sin(xp, env, positions, freqs.inv_freq, dtype=dtype, device=device), freqs.scale
-                )
-            materialize(xp, cos, sin)  # the cache shares them across threads
-            return cos, sin
-
-        row_bytes = self._rotary_dim * (8 if dtype == getattr(xp, "float64", None) else 4)
-        return table_cache.prefix(key, length, build, row_bytes=row_bytes, hint=self._max_position or 0)
+        return cos_sin(self._rotary, positions, like)
 
     def __call__(
         self,
@@ -480,4 +416,16 @@ class RoPE:
         ``DynamicNTK`` and ``LongRoPE`` pick their frequencies there. Positions known on the host
         (Python ints, NumPy arrays, CPU tensors) also select cached tables and CPU kernels.
         """
-        return rope_call(self, q, k, positions, offset, seq_axis, inplace)
+        return rope_call(self._rotary, q, k, positions, offset, seq_axis, inplace)
+
+
+def _wrap(rotary: Rotary) -> RoPE:
+    """A RoPE holding ``rotary`` (already checked)."""
+    rope = object.__new__(RoPE)
+    rope._rotary = rotary
+    return rope
+
+
+def rotary_of(rope: RoPE) -> Rotary:
+    """What ``rope`` is, for the functions of the public API beside it (:func:`anyrope.rerotate`)."""
+    return rope._rotary

@@ -20,8 +20,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
-from . import RoPE, __version__, to_layout
 from ._compat import array_namespace
+from ._layout import to_layout
+from ._registry import kernels
+from ._rope import RoPE
+from ._version import __version__
 
 __all__ = ["BACKENDS", "Row", "rope_oracle", "run"]
 
@@ -436,7 +439,6 @@ _HINTS = {"numba": 'pip install "anyrope[numba]"', "triton": "pip install triton
 def fast_paths(installed: Sequence[Backend]) -> list[str]:
     """One line per fused kernel for the installed libraries: where it runs, and whether it can
     (what to install where it cannot)."""
-    from ._registry import _installed, kernels
 
     modules = {backend.module for backend in installed}
     lines = []
@@ -447,7 +449,7 @@ def fast_paths(installed: Sequence[Backend]) -> list[str]:
         where = ", ".join(sorted(libraries)) + (
             f" on {', '.join(sorted(kernel.devices))}" if kernel.devices else ""
         )
-        missing = [module for module in kernel.requires if not _installed(module)]
+        missing = [module for module in kernel.requires if not is_installed(module)]
         state = (
             "available" if not missing else "not available: " + "; ".join(_HINTS.get(m, m) for m in missing)
         )

@@ -6,7 +6,7 @@ from typing import Any
 
 from ._angles import cos_sin
 from ._args import check_int, check_positive
-from ._compat import array_namespace, device_of, environment, is_traced
+from ._context import call_context
 from ._dtypes import compute_dtype, isdtype
 from ._positions import position_spec
 from .scaling import plain_frequencies
@@ -41,19 +41,17 @@ def sinusoidal(positions: Any, dim: int, *, base: float = 10000.0, dtype: Any = 
     array([[0.    , 1.    , 0.    , 1.    ],
            [0.8415, 0.5403, 0.01  , 1.    ]], dtype=float32)
     """
-    xp = array_namespace(positions=positions)
+    ctx = call_context(("positions", positions), grad_of=())
+    xp, env, device = ctx.xp, ctx.env, ctx.device
     dim = check_int(dim, "dim", low=1, even=True, why=" (sin and cos fill pairs)")
     base = check_positive(base, "base")
     dtype = xp.float32 if dtype is None else dtype
     if not isdtype(xp, dtype, "real floating"):
         raise TypeError(f"dtype must be a real floating dtype, got {dtype}")
-    device = device_of(xp, positions)
-    traced = is_traced(xp, positions)
-    env = environment(xp, device, traced=traced)
-    spec = position_spec(xp, env, positions, 0, device, ndims=None, traced=traced)
+    spec = position_spec(xp, env, positions, 0, device, ndims=None, traced=ctx.traced)
     values = spec.positions(xp, env, 0, device)
     frequencies = plain_frequencies(dim, float(base))
     work = compute_dtype(xp, dtype)
-    cos, sin = cos_sin(xp, env, values, frequencies, dtype=work, device=device, traced=traced)
+    cos, sin = cos_sin(xp, env, values, frequencies, dtype=work, device=device, traced=ctx.traced)
     pairs = xp.stack([sin, cos], axis=-1)
     return xp.astype(xp.reshape(pairs, (*values.shape, dim)), dtype)

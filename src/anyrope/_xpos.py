@@ -13,10 +13,12 @@ import contextlib
 import math
 from typing import Any
 
-from ._compat import Environment, float64_scope
+from ._compat import float64_scope
+from ._context import CallContext
 from ._positions import PositionSpec
+from ._rotary import Rotary
 
-__all__ = ["XPosAngles", "log_zeta", "xpos_scale"]
+__all__ = ["log_zeta", "xpos_scale"]
 
 GAMMA = 0.4  # the paper's, and rotary-embedding-torch's
 
@@ -27,33 +29,17 @@ def log_zeta(rotary_dim: int) -> tuple[float, ...]:
 
 
 def xpos_scale(
-    xp: Any, env: Environment, spec: PositionSpec, seq: int, device: Any, rope: Any, sign: float, dtype: Any
+    ctx: CallContext, spec: PositionSpec, seq: int, rotary: Rotary, sign: float, dtype: Any
 ) -> Any:
     """``zeta ** (sign * position / scale_base)``, shape like the tables: (seq, pairs) or (rows, seq, pairs)."""
+    xp, env = ctx.xp, ctx.env
+    assert rotary.xpos_scale_base is not None
     work = xp.float64 if env.float64 else xp.float32
     with float64_scope(xp) if env.float64 else contextlib.nullcontext():
-        positions = xp.astype(spec.positions(xp, env, seq, device), work)
+        positions = xp.astype(spec.positions(xp, env, seq, ctx.device), work)
         rates = xp.asarray(
-            [sign * z / rope.xpos_scale_base for z in log_zeta(rope.rotary_dim)], dtype=work, device=device
+            [sign * z / rotary.xpos_scale_base for z in log_zeta(rotary.rotary_dim)],
+            dtype=work,
+            device=ctx.device,
         )
         return xp.astype(xp.exp(positions[..., None] * rates), dtype)
-
-
-class XPosAngles:
-    """A call's angles with xPos's scale: q's tables times ``zeta ** (m / scale_base)`` (``sign``
-    +1), k's divided by ``zeta ** (n / scale_base)`` (-1). Every kernel reads the tables then (no
-    shared cached rows: the scale differs per array)."""
-
-    __slots__ = ("angles", "sign")
-
-    def __init__(self, angles: Any, sign: float) -> None:
-        self.angles, self.sign = angles, sign
-
-    def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
-        a = self.angles
-        cos, sin = a.tables(seq, dtype)
-        scale = xpos_scale(a.xp, a.env, a.spec, seq, a.device, a.rope, self.sign, dtype)
-        return cos * scale, sin * scale
-
-    def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
-        return None

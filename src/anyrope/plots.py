@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from . import analysis, scaling
+from ._packed import packed_positions
 from ._rope import RoPE
 
 __all__ = [
@@ -251,8 +252,6 @@ def packed_layout(lengths: tuple[int, ...] = (5, 3, 0, 6), padding: int = 2) -> 
     """A packed batch: sequences end to end along one token axis, ``cu_seqlens`` at their
     boundaries, and the position :func:`anyrope.packed_positions` gives each token."""
     import numpy as np
-
-    from ._packed import packed_positions
 
     plt = _pyplot()
     cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

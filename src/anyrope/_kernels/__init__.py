@@ -1,17 +1,27 @@
-"""The registered kernels, in the order they are tried (see :mod:`anyrope._registry`).
+"""The registered kernels, in the order they are tried (see :mod:`anyrope._registry`), each
+declared by everything it takes (see :class:`anyrope._job.Kernel`).
 
 Each module imports its library only when it runs, so importing this imports no backend.
 """
 
 from __future__ import annotations
 
-from .._registry import ANY, Kernel
-from . import cupy_cuda, dask_blocks, generic, mlx_compiled, numba_cpu, numpy_cpu, triton_cuda
+from .._job import ANY, Kernel
+from . import cupy_cuda, generic, mlx_compiled, numba_cpu, numpy_cpu, triton_cuda
 
 __all__ = ["REGISTRY"]
 
 BOTH = frozenset({"half", "interleaved"})
 FLOATS = frozenset({"float32", "float64"})
+# The fused GPU kernels form angles from positions with fixed frequencies, by the float64 scheme
+# on 64-bit integers (see anyrope._kernel_angles), or read the caller's tables.
+FUSED = {
+    "sources": frozenset({"offset", "row-offsets", "positions", "multi-axis", "tables"}),
+    "device_frequencies": False,
+    "unsigned64": False,
+    "table_grad": False,
+    "needs_float64": True,
+}
 
 REGISTRY: tuple[Kernel, ...] = (
     Kernel(
@@ -29,6 +39,7 @@ REGISTRY: tuple[Kernel, ...] = (
         differentiable=True,
         run=triton_cuda.run,
         requires=("triton",),
+        **FUSED,  # type: ignore[arg-type]
     ),
     Kernel(
         name="cupy",
@@ -43,6 +54,7 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=False,
         differentiable=False,
         run=cupy_cuda.run,
+        **FUSED,  # type: ignore[arg-type]
     ),
     Kernel(
         name="numba",
@@ -57,6 +69,8 @@ REGISTRY: tuple[Kernel, ...] = (
         differentiable=True,
         run=numba_cpu.run,
         requires=("numba",),
+        strided_out=False,
+        table_grad=False,
     ),
     Kernel(
         name="numpy-complex",
@@ -69,6 +83,7 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=False,
         differentiable=False,
         run=numpy_cpu.run_complex,
+        strided_out=False,
     ),
     Kernel(
         name="numpy-blocked",
@@ -81,6 +96,7 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=False,
         differentiable=False,
         run=numpy_cpu.run_blocked,
+        strided_out=False,
     ),
     Kernel(
         name="mlx-compiled",
@@ -93,19 +109,6 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=True,
         differentiable=True,
         run=mlx_compiled.run,
-    ),
-    Kernel(
-        name="dask-blocks",
-        summary="dask arrays block by block: each chunk with its own tokens' positions through the "
-        "kernels of its library (numba on NumPy chunks); lazy, no communication, x's chunks kept",
-        libraries=frozenset({"dask.array"}),
-        devices=ANY,
-        layouts=BOTH,
-        dtypes=ANY,
-        inplace=False,
-        traceable=False,
-        differentiable=False,
-        run=dask_blocks.run,
     ),
     Kernel(
         name="generic",

@@ -4,7 +4,7 @@ torch and triton).
 x is seen as (batch, heads, seq, trail, head_dim) with any strides (the last one 1): batch is
 x's first axis, heads the axes between it and the sequence, trail those between the sequence
 and the features. A program takes a block of tokens of one batch row, forms their angles once
-(see :mod:`._fused`), and rotates them in a group of heads: each pair is read once and written
+(see :mod:`anyrope._kernel_angles`), and rotates them in a group of heads: each pair is read once and written
 once. Arithmetic is the generic path's, operation for operation: float64 angles, float32 (or
 float64) rotation, one rounding to x's dtype, and no fused multiply-adds (``enable_fp_fusion``
 off), so on a GPU it differs from the generic result only where the device's cos or sin
@@ -26,13 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._fused import POSITIONS, STARTS, TABLES, Fused, five
+from .._angles import SPLIT_BITS
+from .._kernel_angles import POSITIONS, STARTS, TABLES, KernelAngles
+from .._pairs import five_axes
 
 __all__ = ["rotate"]
 
 HALF, INVERSE, SCALED = 1, 2, 4  # flags of a call
 
-_MASK = (1 << 21) - 1  # _angles.SPLIT_BITS
 # Triton's interpreter swaps parts of triton.language while it runs a kernel: one launch at a time.
 _one_launch_at_a_time: Any = (
     threading.Lock() if os.environ.get("TRITON_INTERPRET") == "1" else contextlib.nullcontext()
@@ -65,7 +66,7 @@ def _rotate_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton
     si_stream, si_row, si_seq, sc_row, sc_seq,
     PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr, TAIL_P2: tl.constexpr, MODE: tl.constexpr,
     MULTI: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr, SCALED: tl.constexpr,
-    COPY_TAIL: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr, MASK: tl.constexpr,
+    COPY_TAIL: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_S: tl.constexpr, HEADS: tl.constexpr,
 ):  # fmt: skip
     COMPUTE: tl.constexpr = tl.float64 if WIDE else tl.float32
@@ -102,10 +103,11 @@ def _rotate_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton
         f0 = tl.load(steps_ptr + j, mask=j_ok, other=0.0)[None, :]
         f1 = tl.load(steps_ptr + PAIRS + j, mask=j_ok, other=0.0)[None, :]
         f2 = tl.load(steps_ptr + 2 * PAIRS + j, mask=j_ok, other=0.0)[None, :]
+        MASK: tl.constexpr = (1 << SPLIT) - 1
         low = (magnitude & MASK).to(tl.float64) * f0
-        high = magnitude >> 21
+        high = magnitude >> SPLIT
         low = (high & MASK).to(tl.float64) * f1 + low
-        low = ((high >> 21) & MASK).to(tl.float64) * f2 + low
+        low = ((high >> SPLIT) & MASK).to(tl.float64) * f2 + low
         angle = tl.where(negative, -(low + f0), low)
         c = tl.cos(angle).to(COMPUTE)
         n = tl.sin(angle).to(COMPUTE)
@@ -143,7 +145,7 @@ def _rotate_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton
 def _five(x: torch.Tensor, seq_axis: int) -> torch.Tensor | None:
     """x as (batch, heads, seq, trail, head_dim) sharing its memory, or None where its strides
     do not allow that view (or its features are not adjacent)."""
-    shape = five(tuple(x.shape), seq_axis)
+    shape = five_axes(tuple(x.shape), seq_axis)
     try:
         view = x.view(shape)
     except RuntimeError:
@@ -152,7 +154,7 @@ def _five(x: torch.Tensor, seq_axis: int) -> torch.Tensor | None:
 
 
 class Angles(NamedTuple):
-    """A call's angles as the ops take them (see :class:`._fused.Fused`), and its flags."""
+    """A call's angles as the ops take them (see :class:`anyrope._kernel_angles.KernelAngles`), and its flags."""
 
     positions: torch.Tensor | None  # or the starts
     start: int
@@ -198,7 +200,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles) -> None:
             MODE=mode, MULTI=angles.streams is not None, HALF=bool(flags & HALF),
             INVERSE=bool(flags & INVERSE), SCALED=bool(flags & SCALED),
             COPY_TAIL=out.data_ptr() != x.data_ptr() and width > 2 * pairs,
-            WIDE=x.dtype == torch.float64, BF16=x.dtype == torch.bfloat16, MASK=_MASK,
+            WIDE=x.dtype == torch.float64, BF16=x.dtype == torch.bfloat16, SPLIT=SPLIT_BITS,
             BLOCK_S=block_s, HEADS=group, enable_fp_fusion=False,
         )  # fmt: skip
 
@@ -271,7 +273,7 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 torch.library.register_autograd("anyrope::rotate", _backward, setup_context=_setup_backward)
 
 
-def rotate(job: Any, fused: Fused) -> Any:
+def rotate(job: Any, fused: KernelAngles) -> Any:
     """Run ``job`` through the ops: out of place, in place, or into ``job.out``."""
     flags = (HALF if job.layout == "half" else 0) | (INVERSE if job.inverse else 0)
     flags |= SCALED if fused.scaled else 0

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import threading
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._fused import POSITIONS, STARTS, TABLES, Fused, five, fused
+from .._angles import SPLIT_BITS
+from .._job import Job
+from .._kernel_angles import POSITIONS, STARTS, TABLES, KernelAngles
+from .._pairs import five_axes
 
-if TYPE_CHECKING:
-    from .._plan import Job
-
-__all__ = ["BLOCK", "TYPES", "arguments", "run", "source"]
+__all__ = ["BLOCK", "OPTIONS", "TYPES", "arguments", "run", "source"]
 
 HALF, INVERSE, SCALED, COPY_TAIL, MULTI = 1, 2, 4, 8, 16  # rope.cu's Flag
 BLOCK = 128  # threads per block
 GROUP = 8  # heads each thread rotates with the angle it formed
 TYPES = {"float16": "__half", "float32": "float", "float64": "double"}  # CuPy has no bfloat16
+#: The compiler options: no fused multiply-adds (the generic path's roundings), the angle split
+OPTIONS = ("--fmad=false", f"-DANYROPE_SPLIT_BITS={SPLIT_BITS}")
 
 
 def source() -> str:
@@ -40,13 +42,15 @@ def _strides(a: Any) -> tuple[int, ...]:
     return tuple(step // a.itemsize for step in a.strides)
 
 
-def arguments(job: Job, angles: Fused, x: Any, out: Any) -> tuple[tuple[int, int], int, tuple[Any, ...]]:
+def arguments(
+    job: Job, angles: KernelAngles, x: Any, out: Any
+) -> tuple[tuple[int, int], int, tuple[Any, ...]]:
     """(grid, block, arguments) that rotate C-contiguous ``x`` into C-contiguous ``out`` (which
     may be x); integers as NumPy scalars of the kernel's types."""
     import numpy as np
 
-    xp = job.xp
-    batch, heads, seq, trail, width = five(tuple(x.shape), job.seq_axis)
+    xp = job.ctx.xp
+    batch, heads, seq, trail, width = five_axes(tuple(x.shape), job.seq_axis)
     dense = (heads * seq * trail * width, seq * trail * width, trail * width, width)
     pairs, mode = angles.pairs, angles.mode
     flags = (HALF if job.layout == "half" else 0) | (INVERSE if job.inverse else 0)
@@ -95,18 +99,16 @@ def _function(dtype_name: str) -> Any:
             if _module is None:
                 _module = cupy.RawModule(
                     code=source(),
-                    options=("--fmad=false",),
+                    options=OPTIONS,
                     name_expressions=[f"anyrope::rotate<{t}>" for t in TYPES.values()],
                 )
     return _module.get_function(f"anyrope::rotate<{TYPES[dtype_name]}>")
 
 
 def run(job: Job) -> Any:
-    angles = fused(job)
-    if angles is None:
-        return None
     import cupy
 
+    angles = job.source.kernel_angles(job.x, job.seq_axis)
     x, target = job.x, job.out
     source_x = cupy.ascontiguousarray(x)  # the array itself where it already is
     if target is None:

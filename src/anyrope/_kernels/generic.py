@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._rotate import rotate_generic
-
-if TYPE_CHECKING:
-    from .._plan import Job
+from .._job import Job
+from .._pairs import turn_pairs
 
 __all__ = ["run"]
 
 
 def run(job: Job) -> Any:
     cos, sin = job.tables()
-    result = rotate_generic(
-        job.xp, job.x, cos, sin, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis
+    result = turn_pairs(
+        job.ctx.xp, job.x, cos, sin, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis
     )
     if job.out is None:
         return result

@@ -15,22 +15,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._rotate import _align
-
-if TYPE_CHECKING:
-    from .._plan import Job
+from .._job import Job
+from .._pairs import broadcast_table
 
 __all__ = ["run"]
 
 _lock = threading.Lock()
-_compiled: dict[tuple[Any, ...], Callable[[Any, Any, Any], Any]] = {}
+_compiled: dict[tuple[Any, ...], Callable[[Any, Any, Any], Any]] = {}  # at most 2 x 2 x a few axes
 
 
 def _turn(mx: Any, x: Any, cos: Any, sin: Any, layout: str, inverse: bool, seq_axis: int) -> Any:
     pairs = cos.shape[-1]
-    cos, sin = _align(mx, cos, x.ndim, seq_axis), _align(mx, sin, x.ndim, seq_axis)
+    cos, sin = broadcast_table(mx, cos, x.ndim, seq_axis), broadcast_table(mx, sin, x.ndim, seq_axis)
     lead = x.shape[:-1]
     rotary = x[..., : 2 * pairs] if 2 * pairs < x.shape[-1] else x
     signed = [sin, -sin] if inverse else [-sin, sin]  # what the partner is multiplied by

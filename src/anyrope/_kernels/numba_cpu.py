@@ -11,23 +11,13 @@ rounded once, bit for bit as the generic path.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .._job import Job
+from .._pairs import five_axes
 from . import _numba
 
-if TYPE_CHECKING:
-    from .._plan import Job
-
-__all__ = ["canonical", "run", "storage"]
-
-
-def canonical(shape: tuple[int, ...], seq_axis: int, batched: bool) -> tuple[int, int, int, int, int]:
-    """(batch, lead, seq, trail, head_dim) for an x of ``shape`` whose tables are (batched or not)."""
-    seq_pos = len(shape) + seq_axis
-    before, after = shape[:seq_pos], shape[seq_pos + 1 : -1]
-    batch = before[0] if batched else 1
-    lead = math.prod(before[1:]) if batched else math.prod(before)
-    return batch, lead, shape[seq_pos], math.prod(after), shape[-1]
+__all__ = ["run", "storage"]
 
 
 def storage(name: str) -> str:
@@ -62,24 +52,14 @@ def _rows_of(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
 
 
 def run(job: Job) -> Any:
-    x, xp = job.x, job.xp
+    x = job.x
     found = job.lookup()
-    cos, sin, rows = found if found is not None else _rows_of(xp, *job.tables())
-    if cos.dtype != job.compute:  # tables of another precision (apply with float64 tables for float32 x)
-        return None
-    out = job.out
-    if out is not None and not _contiguous(out):
-        return None  # decline before writing: the generic kernel writes through any strides
-    if job.grad and (getattr(cos, "requires_grad", False) or getattr(sin, "requires_grad", False)):
-        return None  # gradients for the tables themselves: the generic kernel has them
-    kind = storage(job.key[2])
-    if job.grad:
+    cos, sin, rows = found if found is not None else _rows_of(job.ctx.xp, *job.tables())
+    out = job.out  # C-contiguous where given (declared), and tables in the compute dtype
+    kind = storage(job.key.dtype)
+    if job.ctx.grad:
         return _autograd().apply(x, cos, sin, rows, kind, job.layout, job.inverse, job.seq_axis)
     return _rotate(x, cos, sin, rows, out, kind, job.layout, job.inverse, job.seq_axis)
-
-
-def _contiguous(a: Any) -> bool:
-    return bool(a.flags.c_contiguous) if _is_numpy(a) else bool(a.is_contiguous())
 
 
 def _rotate(
@@ -112,7 +92,7 @@ _launches: dict[tuple[Any, ...], tuple[tuple[int, ...], Any, Any]] = {}
 
 def _launch(key: tuple[Any, ...]) -> tuple[tuple[int, ...], Any, Any]:
     shape, seq_axis, batched, table_dtype, kind, layout, inverse = key
-    shape5 = canonical(tuple(shape), seq_axis, batched)
+    shape5 = five_axes(tuple(shape), seq_axis, batched=batched)
     name = layout if math.prod(shape5) >= _PARALLEL_FROM else f"{layout}-serial"
     sign = table_dtype.type(-1.0 if inverse else 1.0)  # the kernel multiplies in the tables' type
     if len(_launches) >= 256:  # prefill lengths vary: keep the memo bounded

@@ -7,34 +7,29 @@ outputs, so x is read from memory about once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .numba_cpu import canonical
-
-if TYPE_CHECKING:
-    from .._plan import Job
+from .._job import Job
+from .._pairs import five_axes
 
 __all__ = ["run_blocked", "run_complex"]
 
 _BLOCK_BYTES = 1 << 18  # blocks of about 256 KiB stay in L2 through the six steps
 
 
-def _prepare(job: Job) -> tuple[Any, Any, Any, Any, Any] | None:
+def _prepare(job: Job) -> tuple[Any, Any, Any, Any, Any]:
     """x and its destination as (batch, lead, seq, trail, head_dim) views, (tb, seq, pairs) tables,
-    and the array to return; None to decline (tables of another precision, strided out)."""
+    and the array to return. Declared: float32 or float64 x, so the tables are in x's dtype, and
+    a C-contiguous destination."""
     import numpy as np
 
     x, out = job.x, job.out
     cos, sin = job.tables()
-    if cos.dtype != x.dtype:
-        return None
     if out is None:
         out = np.empty(x.shape, dtype=x.dtype)
-    elif not out.flags.c_contiguous:
-        return None
     if cos.ndim == 2:
         cos, sin = cos[None], sin[None]
-    shape5 = canonical(tuple(x.shape), job.seq_axis, cos.shape[0] > 1)
+    shape5 = five_axes(tuple(x.shape), job.seq_axis, batched=cos.shape[0] > 1)
     source = np.ascontiguousarray(x).reshape(shape5)
     return source, out.reshape(shape5), np.ascontiguousarray(cos), np.ascontiguousarray(sin), out
 
@@ -42,10 +37,7 @@ def _prepare(job: Job) -> tuple[Any, Any, Any, Any, Any] | None:
 def run_complex(job: Job) -> Any:
     import numpy as np
 
-    prepared = _prepare(job)
-    if prepared is None:
-        return None
-    x, target, cos, sin, result = prepared
+    x, target, cos, sin, result = _prepare(job)
     pairs = cos.shape[-1]
     ctype = np.complex64 if x.dtype == np.float32 else np.complex128
     phase = np.empty(cos.shape, dtype=ctype)
@@ -60,10 +52,7 @@ def run_blocked(job: Job) -> Any:
     """Half layout in blocks; in place, each block's first half is kept aside before it is overwritten."""
     import numpy as np
 
-    prepared = _prepare(job)
-    if prepared is None:
-        return None
-    x, out, cos, sin, result = prepared
+    x, out, cos, sin, result = _prepare(job)
     inverse, separate = job.inverse, not np.shares_memory(x, out)
     batch, lead, seq, trail, width = x.shape
     pairs = cos.shape[-1]

@@ -36,7 +36,12 @@ __host__ __device__ inline void narrow(float v, __half* to) { *to = __float2half
 __host__ __device__ inline void narrow(float v, float* to) { *to = v; }
 __host__ __device__ inline void narrow(double v, double* to) { *to = v; }
 
-const long long PART = (1LL << 21) - 1;  // _angles.SPLIT_BITS
+// The split, anyrope._angles.SPLIT_BITS, comes from the compiler options; three parts cover a
+// 63-bit magnitude (anyrope._kernel_angles.LEVELS).
+#ifndef ANYROPE_SPLIT_BITS
+#error "compile with -DANYROPE_SPLIT_BITS=<anyrope._angles.SPLIT_BITS>"
+#endif
+const long long PART = (1LL << ANYROPE_SPLIT_BITS) - 1;
 
 template <typename T>
 __host__ __device__ void rotate_thread(
@@ -68,9 +73,9 @@ __host__ __device__ void rotate_thread(
         const long long magnitude = negative ? -1 - p : p;  // never overflows
         const double f0 = steps[j];
         double low = (double)(magnitude & PART) * f0;
-        const long long high = magnitude >> 21;
+        const long long high = magnitude >> ANYROPE_SPLIT_BITS;
         low = (double)(high & PART) * steps[pairs + j] + low;
-        low = (double)((high >> 21) & PART) * steps[2 * pairs + j] + low;
+        low = (double)((high >> ANYROPE_SPLIT_BITS) & PART) * steps[2 * pairs + j] + low;
         const double angle = negative ? -(low + f0) : low;
         c = (W)cos(angle);
         n = (W)sin(angle);

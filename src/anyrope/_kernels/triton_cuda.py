@@ -7,12 +7,9 @@ test suite holds it to the generic path on a machine without a GPU.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._fused import fused
-
-if TYPE_CHECKING:
-    from .._plan import Job
+from .._job import Job
 
 __all__ = ["DEVICES", "run"]
 
@@ -21,9 +18,6 @@ DEVICES = frozenset({"cuda", "cpu"} if os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def run(job: Job) -> Any:
-    angles = fused(job)
-    if angles is None:
-        return None
-    from . import _triton
+    from . import _triton  # imports triton, an optional library: on first use
 
-    return _triton.rotate(job, angles)
+    return _triton.rotate(job, job.source.kernel_angles(job.x, job.seq_axis))

@@ -225,7 +225,7 @@ def _anyrope_forward(patch: _Patch) -> Callable[..., Any]:
 def _counterclockwise(rope: RoPE) -> RoPE:
     """The RoPE whose tables the model's rotary module makes: a clockwise family (NanoChat) turns
     the other way in its apply function, from the usual tables."""
-    return rope._copy(_clockwise=False) if rope.clockwise else rope
+    return rope._replace(clockwise=False) if rope.clockwise else rope
 
 
 def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,5 +1,5 @@
 """Dask arrays, block by block: each chunk of x, with the positions of its own tokens, through
-the registry's kernels for the chunk's library (numba on NumPy chunks, where installed).
+the kernels of the chunk's library (numba on NumPy chunks, where installed).
 
 RoPE is elementwise per token and feature pair, so a chunk rotates on its own once it has its
 tokens' positions: the call's positions become a dask array chunked like x along the batch and
@@ -10,28 +10,30 @@ A pair spans the feature axis, so that axis must be one chunk: a split one is jo
 axis alone, and the result split back, so the output has x's chunks. Length-dependent scaling
 (DynamicNTK, LongRoPE) takes its frequencies from ``max(positions) + 1`` over every block: the
 maximum is a lazy reduction handed to each block (or known on the host).
+
+A front end, not a kernel: the call path hands it a dask job, and each block runs later (perhaps
+in another thread or process) as a job of its own, under the kernel switch of the call.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._compat import device_of, environment, namespace_and_library
-from .._dtypes import compute_dtype
-from .._plan import Job, PositionAngles
-from .._positions import MultiAxis, position_spec
-from .._registry import rotate, use_fast_paths
-from .._rotate import GivenTables
-from .._xpos import XPosAngles
+from ._context import call_context
+from ._dtypes import compute_dtype
+from ._job import Job, make_job
+from ._positions import MultiAxis, position_spec
+from ._registry import Switch, run, use_fast_paths
+from ._rotary import Rotary
+from ._tables import GivenTables, PositionTables, XPosTables
 
-if TYPE_CHECKING:
-    from .._rope import RoPE
-
-__all__ = ["run"]
+__all__ = ["rotate"]
 
 
-def run(job: Job) -> Any:
+def rotate(job: Job, switch: Switch) -> Any:
+    """``job``'s dask array rotated lazily, chunk by chunk."""
     x, seq_axis = job.x, job.seq_axis
     unknown = [axis for axis, sizes in enumerate(x.chunks) if any(math.isnan(size) for size in sizes)]
     if unknown:
@@ -42,15 +44,13 @@ def run(job: Job) -> Any:
     work = x.rechunk({x.ndim - 1: -1}) if len(x.chunks[-1]) > 1 else x  # a pair spans the features
     at = x.ndim + seq_axis
     axes = tuple(range(x.ndim))
-    angles = job.angles
-    if isinstance(angles, GivenTables):
-        out = _with_tables(job, work, at, axes, angles)
+    source = job.source
+    if isinstance(source, GivenTables):
+        out = _with_tables(job, work, at, axes, source, switch)
+    elif isinstance(source, XPosTables):
+        out = _with_positions(job, work, at, axes, source.positions, source.sign, switch)
     else:
-        sign = angles.sign if isinstance(angles, XPosAngles) else None
-        base = angles.angles if isinstance(angles, XPosAngles) else angles
-        if type(base) is not PositionAngles:
-            return None
-        out = _with_positions(job, work, at, axes, base, sign)
+        out = _with_positions(job, work, at, axes, source, None, switch)
     return out if work is x else out.rechunk(x.chunks)
 
 
@@ -68,34 +68,37 @@ def _aligned(work: Any, table: Any, at: int, rows: int, axes: tuple[int, ...]) -
 
 
 def _dask() -> Any:
-    import importlib
-
     return importlib.import_module("dask.array")  # typed as Any: the lint environment lacks dask
 
 
-def _with_tables(job: Job, work: Any, at: int, axes: tuple[int, ...], given: GivenTables) -> Any:
-    da = _dask()
-
+def _with_tables(
+    job: Job, work: Any, at: int, axes: tuple[int, ...], given: GivenTables, switch: Switch
+) -> Any:
     cos, sin = given.cos, given.sin
     rows = cos.shape[0] if cos.ndim == 3 else 1
     if cos.ndim == 3 and rows == 1:
         cos, sin = cos[0], sin[0]
     cos, index = _aligned(work, cos, at, rows, axes)
     sin, _ = _aligned(work, sin, at, rows, axes)
-    return da.blockwise(
+    return _dask().blockwise(
         _apply_block, axes, work, axes, cos, index, sin, index, dtype=work.dtype, meta=work._meta,
-        concatenate=True, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis,
+        concatenate=True, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis, switch=switch,
     )  # fmt: skip
 
 
 def _with_positions(
-    job: Job, work: Any, at: int, axes: tuple[int, ...], angles: PositionAngles, sign: float | None
+    job: Job,
+    work: Any,
+    at: int,
+    axes: tuple[int, ...],
+    source: PositionTables,
+    sign: float | None,
+    switch: Switch,
 ) -> Any:
     da = _dask()
-
-    rope, spec = angles.rope, angles.spec
+    rotary, spec, ctx = source.rotary, source.spec, source.ctx
     seq = work.shape[at]
-    positions = spec.positions(job.xp, angles.env, seq, angles.device)
+    positions = spec.positions(ctx.xp, ctx.env, seq, ctx.device)
     streams = 1
     if isinstance(spec, MultiAxis):
         streams = positions.shape[0]
@@ -110,77 +113,62 @@ def _with_positions(
     else:
         positions, index = _aligned(work, positions, at, rows, axes)
     extra: list[Any] = []
-    if rope._spectrum.length_dependent:  # one length for every block: max(positions) + 1
-        if angles.host is not None:
-            rope = rope.at_length(max(1, angles.host[1] + 1))
+    if rotary.spectrum.length_dependent:  # one length for every block: max(positions) + 1
+        if source.host is not None:
+            rotary = rotary.at_length(max(1, source.host[1] + 1))
         else:
-            extra = [spec.largest(job.xp, angles.env, seq, angles.device), ()]
+            extra = [spec.largest(ctx.xp, ctx.env, seq, ctx.device), ()]
     return da.blockwise(
         _rotate_block, axes, work, axes, positions, index, *extra, dtype=work.dtype, meta=work._meta,
-        concatenate=True, rope=rope, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis, sign=sign,
-        multi=isinstance(spec, MultiAxis),
+        concatenate=True, rotary=rotary, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis,
+        sign=sign, multi=isinstance(spec, MultiAxis), switch=switch,
     )  # fmt: skip
-
-
-def _block_namespace(block: Any) -> tuple[Any, Any, Any]:
-    xp, _ = namespace_and_library(("x", block))
-    device = device_of(xp, block)
-    return xp, device, environment(xp, device)
 
 
 def _rotate_block(
     block: Any,
     positions: Any,
     *largest: Any,
-    rope: RoPE,
+    rotary: Rotary,
     layout: Any,
     inverse: bool,
     seq_axis: int,
     sign: float | None,
     multi: bool,
+    switch: Switch,
 ) -> Any:
-    """One chunk of x rotated by its tokens' positions, through the registry."""
-    xp, device, env = _block_namespace(block)
+    """One chunk of x rotated by its tokens' positions."""
+    ctx = call_context(("x", block))
+    xp = ctx.xp
     if largest:
-        rope = rope.at_length(max(1, int(largest[0]) + 1))
+        rotary = rotary.at_length(max(1, int(largest[0]) + 1))
     if type(positions).__module__.split(".")[0] != type(block).__module__.split(".")[0]:
-        positions = xp.asarray(positions, device=device)  # CuPy chunks: their positions on the GPU
-    if rope.streams > 1 and not multi and positions.ndim == 2:  # per-row offsets: every stream alike
-        positions = xp.stack([positions] * rope.streams)
-    spec = position_spec(xp, env, positions, 0, device, streams=rope.streams)
-    angles: Any = PositionAngles(rope, xp, env, spec, device, False, block.shape[seq_axis])
+        positions = xp.asarray(positions, device=ctx.device)  # CuPy chunks: their positions on the GPU
+    if rotary.streams > 1 and not multi and positions.ndim == 2:  # per-row offsets: every stream alike
+        positions = xp.stack([positions] * rotary.streams)
+    spec = position_spec(xp, ctx.env, positions, 0, ctx.device, streams=rotary.streams)
+    source: Any = PositionTables(rotary, ctx, spec, block.shape[seq_axis])
     if sign is not None:
-        angles = XPosAngles(angles, sign)
-    job = Job(
-        xp,
-        env,
-        block,
-        "x",
-        seq_axis,
-        layout,
-        inverse,
-        None,
-        angles,
-        False,
-        False,
-        compute_dtype(xp, block.dtype),
-    )
-    return _rotate(job)
+        source = XPosTables(source, sign)
+    job = make_job(
+        ctx, block, arg="x", seq_axis=seq_axis, layout=layout, inverse=inverse, out=None, source=source,
+        compute=compute_dtype(xp, block.dtype),
+    )  # fmt: skip
+    with use_fast_paths(switch):
+        return run([job])[0]
 
 
-def _apply_block(block: Any, cos: Any, sin: Any, *, layout: Any, inverse: bool, seq_axis: int) -> Any:
+def _apply_block(
+    block: Any, cos: Any, sin: Any, *, layout: Any, inverse: bool, seq_axis: int, switch: Switch
+) -> Any:
     """One chunk of x rotated by its rows of the caller's tables."""
-    xp, _, env = _block_namespace(block)
+    ctx = call_context(("x", block))
+    xp = ctx.xp
     compute = compute_dtype(xp, block.dtype)
     cos, sin = xp.astype(cos, compute, copy=False), xp.astype(sin, compute, copy=False)
-    job = Job(
-        xp, env, block, "x", seq_axis, layout, inverse, None, GivenTables(cos, sin), False, False, compute
-    )
-    return _rotate(job)
-
-
-def _rotate(job: Job) -> Any:
-    """A chunk through its library's kernels: this kernel was chosen when the call was made, and a
-    chunk is computed later, perhaps in another thread or process, whatever the switch is there."""
-    with use_fast_paths(True):
-        return rotate(job)
+    job = make_job(
+        ctx, block, arg="x", seq_axis=seq_axis, layout=layout, inverse=inverse, out=None,
+        source=GivenTables(cos, sin, grad=False), compute=compute,
+    )  # fmt: skip
+    with use_fast_paths(switch):
+        return run([job])[0]

@@ -1,28 +1,21 @@
-"""The rotation in the O(d) elementwise form, the checks every front end shares, and :func:`apply`.
-
-Pair i of a head, (a, b), becomes (a cos - b sin, b cos + a sin); which features form pair i
-is the layout. Tables hold one value per pair, shape (seq, r/2) or (batch, seq, r/2).
-"""
+"""The checks every entry point shares: input arrays, sequence axes, tables, in-place writes."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ._args import check_int
-from ._compat import (
-    array_namespace,
-    device_of,
-    environment,
-    is_library,
-    is_mlx_namespace,
-    is_traced,
-    is_writeable,
-    library_name,
-)
-from ._dtypes import compute_dtype, input_kind, isdtype
-from ._layout import Layout, normalize_layout
+from ._compat import is_library, is_mlx_namespace, is_writeable, library_name
+from ._dtypes import input_kind, isdtype
 
-__all__ = ["apply", "check_head_dim", "check_input", "check_writable", "normalize_seq_axis", "rotate_generic"]
+__all__ = [
+    "check_head_dim",
+    "check_input",
+    "check_out",
+    "check_tables",
+    "check_writable",
+    "normalize_seq_axis",
+]
 
 
 def check_input(xp: Any, x: Any, *, arg: str, head_dim: int | None = None) -> None:
@@ -128,45 +121,6 @@ def check_out(xp: Any, x: Any, out: Any) -> None:
     check_writable(xp, [("out", out)], how="out=")
 
 
-def _align(xp: Any, table: Any, ndim: int, seq_axis: int) -> Any:
-    """Reshape a (seq, h) or (batch, seq, h) table to broadcast against an ndim-axis x."""
-    trailing = (1,) * (-seq_axis - 2)
-    seq, half = table.shape[-2], table.shape[-1]
-    if table.ndim == 2:
-        shape: tuple[int, ...] = (seq, *trailing, half)
-    else:
-        shape = (table.shape[0], *(1,) * (ndim + seq_axis - 1), seq, *trailing, half)
-    return table if shape == tuple(table.shape) else xp.reshape(table, shape)
-
-
-def rotate_generic(
-    xp: Any, x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: bool, seq_axis: int
-) -> Any:
-    """The reference rotation in array-API operations only."""
-    dtype = x.dtype
-    cos = _align(xp, cos, x.ndim, seq_axis)
-    sin = _align(xp, sin, x.ndim, seq_axis)
-    half = cos.shape[-1]
-    rotary_dim = 2 * half
-    work = xp.astype(x, cos.dtype, copy=False)
-    if layout == "half":
-        a, b = work[..., :half], work[..., half:rotary_dim]
-    else:
-        a, b = work[..., 0:rotary_dim:2], work[..., 1:rotary_dim:2]
-    if inverse:
-        new_a, new_b = a * cos + b * sin, b * cos - a * sin
-    else:
-        new_a, new_b = a * cos - b * sin, b * cos + a * sin
-    if layout == "half":
-        rotated = xp.concat([new_a, new_b], axis=-1)
-    else:
-        rotated = xp.reshape(xp.stack([new_a, new_b], axis=-1), (*new_a.shape[:-1], rotary_dim))
-    rotated = xp.astype(rotated, dtype, copy=False)
-    if rotary_dim == x.shape[-1]:
-        return rotated
-    return xp.concat([rotated, x[..., rotary_dim:]], axis=-1)
-
-
 def check_tables(xp: Any, x: Any, cos: Any, sin: Any, seq_axis: int) -> None:
     for arg, table in (("cos", cos), ("sin", sin)):
         if not isdtype(xp, table.dtype, "real floating"):
@@ -200,95 +154,3 @@ def check_tables(xp: Any, x: Any, cos: Any, sin: Any, seq_axis: int) -> None:
             raise ValueError(
                 f"cos.shape[0]={cos.shape[0]} does not match x's batch size {x.shape[0]} (axis 0)"
             )
-
-
-class GivenTables:
-    """The angles of an :func:`apply` call: tables the caller made."""
-
-    __slots__ = ("cos", "sin")
-
-    def __init__(self, cos: Any, sin: Any) -> None:
-        self.cos, self.sin = cos, sin
-
-    def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:  # noqa: ARG002 - one pair for every array
-        return self.cos, self.sin
-
-    def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
-        return None
-
-
-def apply(
-    x: Any,
-    cos: Any,
-    sin: Any,
-    *,
-    layout: str = "half",
-    inverse: bool = False,
-    seq_axis: int = -2,
-    out: Any = None,
-) -> Any:
-    """Rotate ``x`` by the angles whose cosines and sines are ``cos`` and ``sin``.
-
-    Parameters
-    ----------
-    x : array
-        Shape ``(..., seq, head_dim)`` (``seq_axis=-2``) or ``(batch, seq, heads, head_dim)``
-        (``seq_axis=-3``), floating point.
-    cos, sin : array
-        Compact tables, one value per rotated pair: shape ``(seq, r/2)``, broadcast over every
-        other axis, or ``(batch, seq, r/2)``, aligned with ``x``'s first axis. The first ``r``
-        features of each head are rotated and the rest pass through unchanged.
-    layout : str
-        "half" (pairs i, i + r/2) or "interleaved" (pairs 2i, 2i + 1), or an alias.
-    inverse : bool
-        Rotate by the negated angles: undoes a rotation, and is the backward pass of one.
-    seq_axis : int
-        Which axis of ``x`` is the sequence.
-    out : array, optional
-        Write the result here (``out=x`` rotates in place) instead of a new array; for libraries
-        with mutable arrays (NumPy, PyTorch, CuPy). Saves the allocation, which on CPUs costs
-        page faults comparable to the rotation itself.
-
-    Returns
-    -------
-    array
-        Same library, device, shape and dtype as ``x`` (``out`` when given). float16 and
-        bfloat16 are rotated in float32 and rounded once.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import anyrope
-    >>> x = np.array([[1.0, 0.0]])               # one position, one pair
-    >>> c, s = np.array([[0.0]]), np.array([[1.0]])  # a quarter turn
-    >>> anyrope.apply(x, c, s)
-    array([[0., 1.]])
-    >>> anyrope.apply(anyrope.apply(x, c, s), c, s, inverse=True)
-    array([[1., 0.]])
-    """
-    from ._plan import Job
-    from ._registry import rotate
-
-    xp = array_namespace(x=x, cos=cos, sin=sin, out=out)
-    check_input(xp, x, arg="x")
-    axis = normalize_seq_axis(seq_axis, x.ndim)
-    check_tables(xp, x, cos, sin, axis)
-    if out is not None:
-        check_out(xp, x, out)
-    work = compute_dtype(xp, x.dtype)
-    cos, sin = xp.astype(cos, work, copy=False), xp.astype(sin, work, copy=False)
-    device = device_of(xp, x)
-    traced = is_traced(xp, x, cos, sin)
-    job = Job(
-        xp, environment(xp, device, traced=traced), x, "x", axis, normalize_layout(layout), bool(inverse), out,
-        GivenTables(cos, sin), traced, _needs_grad(xp, x, cos, sin), work,
-    )  # fmt: skip
-    return rotate(job)
-
-
-def _needs_grad(xp: Any, *arrays: Any) -> bool:
-    if not is_library(xp, "torch"):
-        return False
-    import torch
-
-    return torch.is_grad_enabled() and any(a.requires_grad for a in arrays)

@@ -1,0 +1,250 @@
+"""The call path: from a public call's arguments to one kernel run per array.
+
+:func:`rope_call` (``rope(q, k, ...)``), :func:`apply` and :func:`cos_sin` build one call
+context, check every argument, describe each array as a job with its key and table source,
+and hand the jobs to the registry, which chooses every kernel before any runs. Dask arrays go
+through :mod:`._dask`, which runs each chunk through this same path for the chunk's library.
+
+Each step reads shapes, dtypes and devices only, except where values live on the host (see
+:mod:`._positions`): there they may choose a cached table or the frequencies of a sequence length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _dask
+from ._checks import check_head_dim, check_input, check_out, check_tables, check_writable, normalize_seq_axis
+from ._compat import is_array
+from ._context import CallContext, call_context, inspect_call, make_context
+from ._dtypes import compute_dtype, isdtype
+from ._job import Job, key_prefix, make_job
+from ._layout import normalize_layout
+from ._memo import Memo
+from ._positions import position_spec
+from ._registry import current_switch, run
+from ._rotary import Rotary
+from ._tables import GivenTables, PositionTables, XPosTables
+
+__all__ = ["apply", "cos_sin", "rope_call"]
+
+
+class CallPlan:
+    """What a call's array types, dtypes, ranks, devices and flags decide, checked once: the
+    context and per array its sequence axis, compute dtype and key prefix. Kept per signature
+    where working it out is the larger part of a small call (NumPy, torch), never while traced."""
+
+    __slots__ = ("arrays", "ctx")
+
+    def __init__(self, ctx: CallContext, arrays: tuple[tuple[str, int, Any, tuple[Any, ...]], ...]) -> None:
+        self.ctx, self.arrays = ctx, arrays  # (arg, axis, compute dtype, key prefix) per array
+
+
+_plans: Memo[CallPlan] = Memo()
+
+
+def _signature(library: str, x: Any) -> tuple[Any, ...] | None:
+    if library == "numpy":
+        return (x.dtype, x.ndim)
+    if library == "torch":
+        return (x.dtype, x.ndim, x.device, x.layout)
+    return None  # plans for other libraries are made per call
+
+
+def call_plan(
+    arrays: list[tuple[str, Any]], extra: list[tuple[str, Any]], *, seq_axis: Any, layout: Any, inplace: bool
+) -> CallPlan:
+    """The plan for these arrays (``extra``: position arrays, of the same library), from ranks,
+    dtypes and devices only. The memo's key holds everything the checks read, the type of
+    ``seq_axis`` included, so no call skips a check it would fail."""
+    xp, library, traced, grad = inspect_call(arrays[0], (*arrays[1:], *extra), tuple(x for _, x in arrays))
+    key = None
+    if not traced:
+        signatures = tuple(_signature(library, x) for _, x in arrays)
+        if None not in signatures:
+            key = (library, *signatures, len(arrays), type(seq_axis), seq_axis, layout, inplace, grad)
+            found = _plans.find(key)
+            if found is not None:
+                return found
+    for arg, x in arrays:
+        check_input(xp, x, arg=arg)
+    first = arrays[0][1]
+    if len(arrays) == 2 and library == "torch" and arrays[1][1].device != first.device:
+        raise ValueError(f"q is on {first.device} but k is on {arrays[1][1].device}; move them to one device")
+    ctx = make_context(xp, first, traced, grad)
+    plan = CallPlan(
+        ctx,
+        tuple(
+            (arg, normalize_seq_axis(seq_axis, x.ndim, arg=arg), compute_dtype(xp, x.dtype),
+             key_prefix(ctx, x.dtype, layout, inplace))
+            for arg, x in arrays
+        ),
+    )  # fmt: skip
+    return plan if key is None else _plans.keep(key, plan)
+
+
+def _arrays_given(positions: Any, offset: Any) -> list[tuple[str, Any]]:
+    given = []
+    if positions is not None and is_array(positions):
+        given.append(("positions", positions))
+    if type(offset) is not int and is_array(offset):
+        given.append(("offset", offset))
+    return given
+
+
+def rope_call(
+    rotary: Rotary, q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inplace: bool
+) -> Any:
+    """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=...)``."""
+    arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
+    plan = call_plan(
+        arrays, _arrays_given(positions, offset), seq_axis=seq_axis, layout=rotary.layout, inplace=inplace
+    )
+    ctx = plan.ctx
+    for arg, x in arrays:
+        check_head_dim(x, arg, rotary.head_dim)
+    spec = position_spec(
+        ctx.xp, ctx.env, positions, offset, ctx.device, traced=ctx.traced, streams=rotary.streams
+    )
+    for (_, x), (arg, axis, _, _) in zip(arrays, plan.arrays, strict=True):
+        spec.check(x, arg, axis)
+    if inplace:
+        check_writable(ctx.xp, arrays, traced=ctx.traced)
+    axes = [axis for _, axis, _, _ in plan.arrays]
+    seq = q.shape[axes[0]] if k is None else max(q.shape[axes[0]], k.shape[axes[1]])
+    source = PositionTables(rotary, ctx, spec, seq)
+    sources: list[Any] = [source] * len(arrays)
+    if rotary.xpos_scale_base is not None:
+        if k is None:
+            raise ValueError("an xPos RoPE scales q and k oppositely: call rope(q, k) with both")
+        sources = [XPosTables(source, 1.0), XPosTables(source, -1.0)]
+    # clockwise: turning by -angle is the inverse rotation
+    jobs = [
+        make_job(
+            ctx,
+            x,
+            arg=arg,
+            seq_axis=axis,
+            layout=rotary.layout,
+            inverse=rotary.clockwise,
+            out=x if inplace else None,
+            source=array_source,
+            compute=compute,
+            prefix=prefix,
+        )
+        for (_, x), (arg, axis, compute, prefix), array_source in zip(
+            arrays, plan.arrays, sources, strict=True
+        )
+    ]
+    out = _run(jobs)
+    return out[0] if k is None else (out[0], out[1])
+
+
+def _run(jobs: list[Job]) -> list[Any]:
+    switch = current_switch(jobs[0].ctx.traced)
+    if jobs[0].ctx.library == "dask.array" and switch is not False:
+        return [_dask.rotate(job, switch) for job in jobs]  # chunk by chunk, through this path
+    return run(jobs)
+
+
+def apply(
+    x: Any,
+    cos: Any,
+    sin: Any,
+    *,
+    layout: str = "half",
+    inverse: bool = False,
+    seq_axis: int = -2,
+    out: Any = None,
+) -> Any:
+    """Rotate ``x`` by the angles whose cosines and sines are ``cos`` and ``sin``.
+
+    Parameters
+    ----------
+    x : array
+        Shape ``(..., seq, head_dim)`` (``seq_axis=-2``) or ``(batch, seq, heads, head_dim)``
+        (``seq_axis=-3``), floating point.
+    cos, sin : array
+        Compact tables, one value per rotated pair: shape ``(seq, r/2)``, broadcast over every
+        other axis, or ``(batch, seq, r/2)``, aligned with ``x``'s first axis. The first ``r``
+        features of each head are rotated and the rest pass through unchanged.
+    layout : str
+        "half" (pairs i, i + r/2) or "interleaved" (pairs 2i, 2i + 1), or an alias.
+    inverse : bool
+        Rotate by the negated angles: undoes a rotation, and is the backward pass of one.
+    seq_axis : int
+        Which axis of ``x`` is the sequence.
+    out : array, optional
+        Write the result here (``out=x`` rotates in place) instead of a new array; for libraries
+        with mutable arrays (NumPy, PyTorch, CuPy). Saves the allocation, which on CPUs costs
+        page faults comparable to the rotation itself.
+
+    Returns
+    -------
+    array
+        Same library, device, shape and dtype as ``x`` (``out`` when given). float16 and
+        bfloat16 are rotated in float32 and rounded once.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import anyrope
+    >>> x = np.array([[1.0, 0.0]])               # one position, one pair
+    >>> c, s = np.array([[0.0]]), np.array([[1.0]])  # a quarter turn
+    >>> anyrope.apply(x, c, s)
+    array([[0., 1.]])
+    >>> anyrope.apply(anyrope.apply(x, c, s), c, s, inverse=True)
+    array([[1., 0.]])
+    """
+    ctx = call_context(("x", x), ("cos", cos), ("sin", sin), ("out", out), grad_of=(x, cos, sin))
+    xp = ctx.xp
+    check_input(xp, x, arg="x")
+    axis = normalize_seq_axis(seq_axis, x.ndim)
+    check_tables(xp, x, cos, sin, axis)
+    if out is not None:
+        check_out(xp, x, out)
+    work = compute_dtype(xp, x.dtype)
+    cos, sin = xp.astype(cos, work, copy=False), xp.astype(sin, work, copy=False)
+    return rotate_by_tables(ctx, x, "x", axis, normalize_layout(layout), bool(inverse), out, cos, sin, work)
+
+
+def rotate_by_tables(
+    ctx: CallContext,
+    x: Any,
+    arg: str,
+    axis: int,
+    layout: Any,
+    inverse: bool,
+    out: Any,
+    cos: Any,
+    sin: Any,
+    work: Any,
+) -> Any:
+    """Rotate checked ``x`` by checked tables in its compute dtype ``work``."""
+    job = make_job(
+        ctx, x, arg=arg, seq_axis=axis, layout=layout, inverse=inverse, out=out,
+        source=GivenTables(cos, sin, grad=ctx.grad), compute=work,
+    )  # fmt: skip
+    return _run([job])[0]
+
+
+def cos_sin(rotary: Rotary, positions: Any, like: Any) -> tuple[Any, Any]:
+    """:meth:`anyrope.RoPE.cos_sin`: compact tables for ``positions`` in ``like``'s library,
+    device and dtype (sin negated for a clockwise RoPE)."""
+    if rotary.xpos_scale_base is not None:
+        raise ValueError(
+            "an xPos RoPE scales q and k by different tables, which one pair of cos and sin cannot "
+            "give: call rope(q, k)"
+        )
+    ctx = call_context(("like", like), ("positions", positions), grad_of=())
+    xp = ctx.xp
+    if not isdtype(xp, like.dtype, "real floating"):
+        raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
+    spec = position_spec(
+        xp, ctx.env, positions, 0, ctx.device, ndims=None, traced=ctx.traced, streams=rotary.streams
+    )
+    source = PositionTables(rotary, ctx, spec, 0)  # explicit positions: no sequence length
+    cos, sin = source.tables(0, compute_dtype(xp, like.dtype))
+    if rotary.clockwise:
+        sin = -sin
+    return xp.astype(cos, like.dtype, copy=False), xp.astype(sin, like.dtype, copy=False)

@@ -1,0 +1,179 @@
+"""A job (one array to rotate), the key kernels are chosen by, and a kernel's declaration.
+
+The key holds every fact a kernel's ability depends on, so a kernel whose declaration covers a
+key takes the job: kernels never decline at run time, and :func:`anyrope.use_fast_paths` with a
+kernel's name either runs it or says, before any work, what the call has that it does not take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from ._compat import is_c_contiguous, is_installed
+from ._context import CallContext
+from ._dtypes import dtype_name
+from ._layout import Layout
+
+__all__ = ["ANY", "SOURCES", "Job", "Kernel", "KernelKey", "TableSource", "key_prefix", "make_job"]
+
+#: Where a job's angles come from: an int offset, one offset per row (or a 0-d array), explicit
+#: positions, several position streams per token (M-RoPE, axial), the caller's tables
+#: (:func:`anyrope.apply`, :func:`anyrope.rerotate`), or positions with xPos's scale.
+SOURCES = ("offset", "row-offsets", "positions", "multi-axis", "tables", "xpos")
+
+ANY: frozenset[str] = frozenset()
+
+
+class KernelKey(NamedTuple):
+    """What the registry chooses a kernel by; one per job, made from shapes, dtypes and flags."""
+
+    library: str
+    device: str  # the device type
+    dtype: str
+    layout: Layout
+    inplace: bool
+    traced: bool
+    grad: bool
+    source: str  # one of SOURCES
+    device_frequencies: bool  # DynamicNTK or LongRoPE choosing frequencies on the device
+    float64: bool  # float64 arithmetic and 64-bit integers on the device
+    unsigned64: bool  # 64-bit unsigned position integers
+    strided_out: bool  # an in-place or out= destination that is not C-contiguous
+    table_grad: bool  # the caller's tables themselves need gradients
+
+
+def key_prefix(ctx: CallContext, dtype: Any, layout: Layout, inplace: bool) -> tuple[Any, ...]:
+    """What the array's library, device, dtype, layout and the call's flags put in the key: the
+    part a call plan can keep per signature."""
+    return (ctx.library, ctx.env.device_type, dtype_name(dtype), layout, inplace, ctx.traced, ctx.grad)
+
+
+class TableSource(Protocol):
+    """The angles of a job's array, as tables or as a fused kernel forms them."""
+
+    kind: str  # one of SOURCES
+    device_frequencies: bool  # frequencies chosen on the device
+    unsigned64: bool  # positions given as 64-bit unsigned integers
+    table_grad: bool  # tables that themselves need gradients
+
+    def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
+        """Compact (cos, sin), shape (seq, pairs) or (rows, seq, pairs), in ``dtype``."""
+
+    def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any, Any] | None:
+        """(cos table, sin table, (rows, seq) host indices into them), or None: cached rows a CPU
+        kernel can read by position, with no gathered copy."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """One array to rotate. ``out``: where to write (x itself in place), or None for a new array;
+    ``inverse``: turn by the negated angles; ``compute``: the dtype the rotation is done in."""
+
+    ctx: CallContext
+    x: Any
+    arg: str
+    seq_axis: int
+    layout: Layout
+    inverse: bool
+    out: Any
+    source: Any  # a TableSource
+    compute: Any
+    key: KernelKey
+
+    def tables(self) -> tuple[Any, Any]:
+        return self.source.tables(self.x.shape[self.seq_axis], self.compute)  # type: ignore[no-any-return]
+
+    def lookup(self) -> tuple[Any, Any, Any] | None:
+        return self.source.lookup(self.x.shape[self.seq_axis], self.compute)  # type: ignore[no-any-return]
+
+
+def make_job(
+    ctx: CallContext,
+    x: Any,
+    *,
+    arg: str,
+    seq_axis: int,
+    layout: Layout,
+    inverse: bool,
+    out: Any,
+    source: TableSource,
+    compute: Any,
+    prefix: tuple[Any, ...] | None = None,
+) -> Job:
+    """A job and its key (``prefix``: :func:`key_prefix`'s part, where a call plan kept it)."""
+    if prefix is None:
+        prefix = key_prefix(ctx, x.dtype, layout, out is not None)
+    env = ctx.env
+    key = KernelKey._make((
+        *prefix, source.kind, source.device_frequencies, env.float64 and env.index_bits == 64,
+        source.unsigned64, out is not None and not is_c_contiguous(ctx.xp, out), source.table_grad,
+    ))  # fmt: skip
+    return Job(
+        ctx=ctx, x=x, arg=arg, seq_axis=seq_axis, layout=layout, inverse=inverse, out=out, source=source,
+        compute=compute, key=key,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One way to rotate, and everything it takes. Empty ``libraries``, ``devices``, ``dtypes`` or
+    ``sources`` mean "any"; ``requires`` names optional modules it needs (checked without
+    importing them). The flags say whether it takes in-place writes, tracing, gradients,
+    frequencies chosen on the device, 64-bit unsigned positions, strided destinations and
+    tables that need gradients, and whether it needs float64 on the device."""
+
+    name: str
+    summary: str
+    libraries: frozenset[str]
+    devices: frozenset[str]
+    layouts: frozenset[str]
+    dtypes: frozenset[str]
+    inplace: bool
+    traceable: bool
+    differentiable: bool
+    run: Callable[[Job], Any] = field(repr=False, compare=False)
+    requires: tuple[str, ...] = ()
+    sources: frozenset[str] = ANY
+    device_frequencies: bool = True
+    unsigned64: bool = True
+    strided_out: bool = True
+    table_grad: bool = True
+    needs_float64: bool = False
+
+    @property
+    def available(self) -> bool:
+        """Whether every module in ``requires`` is installed."""
+        return all(is_installed(module) for module in self.requires)
+
+    def why_not(self, key: KernelKey) -> str | None:
+        """What a job with this key has that this kernel does not take, or None if it takes it."""
+        for wanted, have, what in (
+            (key.library, self.libraries, "library"),
+            (key.device, self.devices, "device"),
+            (key.dtype, self.dtypes, "dtype"),
+            (key.layout, self.layouts, "layout"),
+            (key.source, self.sources, "positions from"),
+        ):
+            if have and wanted not in have:
+                return f"{what} {wanted} (it takes {', '.join(sorted(have))})"
+        for needed, has, what in (
+            (key.inplace, self.inplace, "in-place writes"),
+            (key.traced, self.traceable, "tracing"),
+            (key.grad, self.differentiable, "gradients"),
+            (key.device_frequencies, self.device_frequencies, "frequencies chosen on the device"),
+            (key.unsigned64, self.unsigned64, "64-bit unsigned positions"),
+            (key.strided_out, self.strided_out, "a strided destination"),
+            (key.table_grad, self.table_grad, "gradients for the tables"),
+        ):
+            if needed and not has:
+                return f"no {what}"
+        if self.needs_float64 and not key.float64:
+            return "it needs float64 and 64-bit integers on the device"
+        if not self.available:
+            return f"needs {', '.join(self.requires)} (not installed)"
+        return None
+
+    def takes(self, key: KernelKey) -> bool:
+        return self.why_not(key) is None

@@ -1,0 +1,67 @@
+"""The rotation itself in the O(d) elementwise form, in array-API operations only.
+
+Pair i of a head, (a, b), becomes (a cos - b sin, b cos + a sin); which features form pair i
+is the layout. Tables hold one value per pair, shape (seq, r/2) or (batch, seq, r/2). This is
+the generic kernel's arithmetic and the reference every other kernel is held to.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._layout import Layout
+
+__all__ = ["broadcast_table", "five_axes", "turn_pairs"]
+
+
+def five_axes(
+    shape: tuple[int, ...], seq_axis: int, *, batched: bool = True
+) -> tuple[int, int, int, int, int]:
+    """How the fused kernels see x of ``shape``: (batch, heads, seq, trail, head_dim). With
+    ``batched`` (tables per batch row) batch is x's first axis and heads the axes between it and
+    the sequence; else batch is 1 and heads every axis before the sequence. trail: the axes
+    between the sequence and the features."""
+    at = len(shape) + seq_axis
+    if batched and at >= 1:
+        batch, heads = shape[0], math.prod(shape[1:at])
+    else:
+        batch, heads = 1, math.prod(shape[:at])
+    return batch, heads, shape[at], math.prod(shape[at + 1 : -1]), shape[-1]
+
+
+def broadcast_table(xp: Any, table: Any, ndim: int, seq_axis: int) -> Any:
+    """Reshape a (seq, h) or (batch, seq, h) table to broadcast against an ndim-axis x."""
+    trailing = (1,) * (-seq_axis - 2)
+    seq, half = table.shape[-2], table.shape[-1]
+    if table.ndim == 2:
+        shape: tuple[int, ...] = (seq, *trailing, half)
+    else:
+        shape = (table.shape[0], *(1,) * (ndim + seq_axis - 1), seq, *trailing, half)
+    return table if shape == tuple(table.shape) else xp.reshape(table, shape)
+
+
+def turn_pairs(xp: Any, x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: bool, seq_axis: int) -> Any:
+    """The reference rotation in array-API operations only."""
+    dtype = x.dtype
+    cos = broadcast_table(xp, cos, x.ndim, seq_axis)
+    sin = broadcast_table(xp, sin, x.ndim, seq_axis)
+    half = cos.shape[-1]
+    rotary_dim = 2 * half
+    work = xp.astype(x, cos.dtype, copy=False)
+    if layout == "half":
+        a, b = work[..., :half], work[..., half:rotary_dim]
+    else:
+        a, b = work[..., 0:rotary_dim:2], work[..., 1:rotary_dim:2]
+    if inverse:
+        new_a, new_b = a * cos + b * sin, b * cos - a * sin
+    else:
+        new_a, new_b = a * cos - b * sin, b * cos + a * sin
+    if layout == "half":
+        rotated = xp.concat([new_a, new_b], axis=-1)
+    else:
+        rotated = xp.reshape(xp.stack([new_a, new_b], axis=-1), (*new_a.shape[:-1], rotary_dim))
+    rotated = xp.astype(rotated, dtype, copy=False)
+    if rotary_dim == x.shape[-1]:
+        return rotated
+    return xp.concat([rotated, x[..., rotary_dim:]], axis=-1)

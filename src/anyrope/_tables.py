@@ -1,0 +1,274 @@
+"""Table sources: where a job's cos and sin come from, as tables or as a fused kernel forms them.
+
+:class:`PositionTables` makes the tables of a call's positions (cached rows of the prefix table
+where the positions are known on the host, else formed on the device, with length-dependent
+scaling chosen there too); :class:`GivenTables` holds the tables a caller passed to
+:func:`anyrope.apply`; :class:`XPosTables` scales a call's tables by xPos's decay. Each says what
+it is (``kind`` and the flags the kernel key reads) and gives its own fused-kernel form.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ._angles import cos_sin, cos_sin_of_angles
+from ._cache import table_cache, untracked
+from ._compat import float64_scope, materialize, take_rows
+from ._context import CallContext
+from ._frequencies import LengthSwitch, PairFrequencies
+from ._kernel_angles import OFFSET, POSITIONS, STARTS, TABLES, KernelAngles, device_steps
+from ._positions import ArrayOffset, MultiAxis, Offset, Positions, PositionSpec
+from ._rotary import Rotary
+from ._xpos import xpos_scale
+from .scaling import exponents
+
+__all__ = ["GivenTables", "PositionTables", "XPosTables", "prefix_tables", "scaled"]
+
+_KINDS = {Offset: "offset", ArrayOffset: "row-offsets", Positions: "positions", MultiAxis: "multi-axis"}
+
+
+def scaled(tables: tuple[Any, Any], scale: float) -> tuple[Any, Any]:
+    return tables if scale == 1.0 else (tables[0] * scale, tables[1] * scale)
+
+
+def prefix_tables(
+    rotary: Rotary, ctx: CallContext, freqs: PairFrequencies, length: int, dtype: Any
+) -> tuple[Any, Any] | None:
+    """Cached tables for positions 0 .. length - 1 or more, or None where none are kept."""
+    if not rotary.spectrum.cacheable(freqs):
+        return None  # DynamicNTK past the original length: new frequencies at every length
+    key = (freqs, ctx.env, dtype)  # env: one object per library and device
+    found = table_cache.covering(key, length)
+    if found is not None:
+        return found
+    xp = ctx.xp
+
+    def build(n: int) -> tuple[Any, Any]:
+        with untracked(xp):
+            positions = Offset(0).positions(xp, ctx.env, n, ctx.device)
+            tables = cos_sin(xp, ctx.env, positions, freqs.inv_freq, dtype=dtype, device=ctx.device)
+            cos, sin = scaled(tables, freqs.scale)
+        materialize(xp, cos, sin)  # the cache shares them across threads
+        return cos, sin
+
+    row_bytes = rotary.rotary_dim * (8 if dtype == getattr(xp, "float64", None) else 4)
+    return table_cache.prefix(key, length, build, row_bytes=row_bytes, hint=rotary.max_position or 0)
+
+
+class PositionTables:
+    """The tables of a RoPE call's positions, for each sequence length and dtype, made once per call."""
+
+    table_grad = False
+
+    def __init__(self, rotary: Rotary, ctx: CallContext, spec: PositionSpec, seq: int) -> None:
+        self.rotary, self.ctx, self.spec, self.seq = rotary, ctx, spec, seq
+        self.kind = _KINDS[type(spec)]
+        self.host = None if ctx.traced else spec.host_range(seq)  # over the longest array
+        self.freqs = rotary.spectrum.for_call(None if self.host is None else self.host[1] + 1)
+        self.device_frequencies = isinstance(self.freqs, LengthSwitch)
+        self.unsigned64 = spec.unsigned64(ctx.xp)
+        # whether the tables are rows of the plain spectrum's table (cached per position)
+        self.plain = not isinstance(spec, MultiAxis) and rotary.plain_order
+        self._memo: dict[tuple[int, Any], tuple[Any, Any]] = {}
+        self._lookups: dict[tuple[int, Any], tuple[Any, Any, Any] | None] = {}
+
+    def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
+        key = (seq, dtype)  # q and k of one length share them
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._tables(seq, dtype)
+        return found
+
+    def _tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
+        if not isinstance(self.freqs, LengthSwitch):
+            return self._static(self.freqs, seq, dtype)
+        # Length-dependent scaling under tracing: both sides of the threshold, chosen on the device.
+        threshold, short, long = self.freqs.threshold, self.freqs.short, self.freqs.long
+        short_tables = self._static(short, seq, dtype)
+        ctx, xp, rotary = self.ctx, self.ctx.xp, self.rotary
+        if math.prod(short_tables[0].shape) == 0:  # no positions: no largest one
+            return short_tables
+        largest = self.spec.largest(xp, ctx.env, self.seq, ctx.device)
+        if long is None:  # DynamicNTK: frequencies from the length itself
+            work = xp.float64 if ctx.env.float64 else xp.float32
+            with float64_scope(xp) if ctx.env.float64 else contextlib.nullcontext():
+                length = xp.astype(largest, work) + 1.0  # in floats: + 1 cannot wrap
+                inv_freq = rotary.scaling.device_frequencies(
+                    xp, length, rotary.rotary_dim, rotary.base, exponents=self._exponents(work)
+                )
+            long_tables = self._each_stream(
+                seq,
+                inv_freq,
+                lambda p, pairs: cos_sin_of_angles(xp, ctx.env, p, pairs, dtype=dtype),
+                lambda pairs: take_rows(
+                    xp, inv_freq, xp.asarray(pairs, dtype=ctx.env.index, device=ctx.device)
+                ),
+            )
+        else:
+            long_tables = self._static(long, seq, dtype)
+        is_long = largest >= threshold  # max(positions) + 1 > threshold
+        return xp.where(is_long, long_tables[0], short_tables[0]), xp.where(
+            is_long, long_tables[1], short_tables[1]
+        )
+
+    def _exponents(self, dtype: Any) -> Any:
+        """-2i / rotary_dim per pair on the device, made there once (a copy per call could not be
+        replayed by a CUDA graph)."""
+        ctx, rotary_dim = self.ctx, self.rotary.rotary_dim
+
+        def build() -> tuple[Any, Any]:
+            values = ctx.xp.asarray(exponents(rotary_dim), dtype=dtype, device=ctx.device)
+            return values, values
+
+        key = ("exponents", rotary_dim, dtype, ctx.env)
+        return table_cache.constant(ctx.xp, key, build, nbytes=8 * rotary_dim, traced=ctx.traced)[0]
+
+    def _each_stream(
+        self,
+        seq: int,
+        inv_freq: Any,
+        tables: Callable[[Any, Any], tuple[Any, Any]],
+        pick: Callable[[tuple[int, ...]], Any],
+    ) -> tuple[Any, Any]:
+        """``tables(positions, inv_freq)``, where positions come per stream (M-RoPE, axial): each
+        stream's tables for its own pairs (``pick`` takes their frequencies by index), then put in
+        pair order."""
+        ctx = self.ctx
+        positions = self.spec.positions(ctx.xp, ctx.env, seq, ctx.device)
+        sections = self.rotary.sections
+        if not isinstance(self.spec, MultiAxis):  # every stream at these positions
+            if sections is not None and sections.reordered:
+                return tables(positions, pick(sections.freq_of))
+            return tables(positions, inv_freq)
+        assert sections is not None  # position_spec makes MultiAxis only for M-RoPE and axial RoPE
+        return sections.tables(ctx.xp, positions, lambda p, s: tables(p, pick(sections.frequency_indices[s])))
+
+    def _cached(self, freqs: PairFrequencies, seq: int, dtype: Any) -> tuple[Any, Any] | None:
+        """The cached prefix table covering this call's positions, where they are known on the
+        host, not negative, and rows of the plain spectrum serve them."""
+        host = None if self.ctx.traced or not self.plain else self.spec.host_range(seq)
+        if host is None or host[0] < 0:
+            return None
+        return prefix_tables(self.rotary, self.ctx, freqs, host[1] + 1, dtype)
+
+    def _static(self, freqs: PairFrequencies, seq: int, dtype: Any) -> tuple[Any, Any]:
+        ctx, xp, spec = self.ctx, self.ctx.xp, self.spec
+        cached = self._cached(freqs, seq, dtype)
+        if cached is not None:
+            if isinstance(spec, Offset):
+                start = spec.start
+                return cached[0][start : start + seq, ...], cached[1][start : start + seq, ...]
+            positions = spec.positions(xp, ctx.env, seq, ctx.device)
+            flat = xp.reshape(positions, (-1,))
+            if flat.dtype != ctx.env.index:
+                flat = xp.astype(flat, ctx.env.index)
+            shape = (*positions.shape, len(freqs.inv_freq))
+            return xp.reshape(take_rows(xp, cached[0], flat), shape), xp.reshape(
+                take_rows(xp, cached[1], flat), shape
+            )
+        tables = self._each_stream(
+            seq,
+            freqs.inv_freq,
+            lambda p, pairs: cos_sin(
+                xp, ctx.env, p, pairs, dtype=dtype, device=ctx.device, traced=ctx.traced
+            ),
+            lambda pairs: tuple(freqs.inv_freq[j] for j in pairs),
+        )
+        return scaled(tables, freqs.scale)
+
+    def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any, Any] | None:
+        """The cached prefix table and host rows into it, where the positions are host-known and
+        inside it: the CPU kernels then read each token's row directly, with no gathered copy."""
+        if self.device_frequencies or not self.plain:
+            return None
+        key = (seq, dtype)  # q and k of one length share it
+        if key in self._lookups:
+            return self._lookups[key]
+        found = None
+        rows = None if self.ctx.traced else self.spec.host(seq)
+        if rows is not None:
+            assert isinstance(self.freqs, PairFrequencies)
+            cached = self._cached(self.freqs, seq, dtype)
+            found = None if cached is None else (cached[0], cached[1], rows)
+        self._lookups[key] = found
+        return found
+
+    def kernel_angles(self, x: Any, seq_axis: int) -> KernelAngles:  # noqa: ARG002 - one form per call
+        """The angles as a fused kernel forms them (declared: fixed frequencies, 64-bit integers)."""
+        assert isinstance(self.freqs, PairFrequencies)
+        rotary, spec, xp = self.rotary, self.spec, self.ctx.xp
+        per_pair = tuple(self.freqs.inv_freq[j] for j in rotary.pair_frequencies)
+        pairs, scale = len(per_pair), self.freqs.scale
+        # one position per token (1-D positions, offsets) puts every stream there: no stream lookup
+        streams_of = rotary.pair_streams if isinstance(spec, MultiAxis) else None
+        steps, streams = device_steps(self.ctx, per_pair, scale, streams_of)
+        common = {"steps": steps, "streams": streams, "scaled": scale != 1.0}
+        if isinstance(spec, Offset):
+            return KernelAngles(OFFSET, pairs, 1, start=spec.start, **common)
+        if isinstance(spec, ArrayOffset):
+            starts = spec.start.array()
+            rows = 1 if starts.ndim == 0 else starts.shape[0]
+            return KernelAngles(STARTS, pairs, rows, index=xp.reshape(starts, (rows,)), **common)
+        values = spec.values.array()  # type: ignore[attr-defined]
+        streams_first = values if isinstance(spec, MultiAxis) else values[None, ...]
+        if streams_first.ndim == 2:  # (streams, seq): shared by the batch
+            streams_first = streams_first[:, None, :]
+        return KernelAngles(POSITIONS, pairs, streams_first.shape[1], index=streams_first, **common)
+
+
+class GivenTables:
+    """The tables a caller made (:func:`anyrope.apply`, :func:`anyrope.rerotate`), in the compute dtype."""
+
+    __slots__ = ("cos", "sin", "table_grad")
+    kind = "tables"
+    device_frequencies = False
+    unsigned64 = False
+
+    def __init__(self, cos: Any, sin: Any, *, grad: bool) -> None:
+        self.cos, self.sin = cos, sin
+        # gradients for the tables themselves: the generic kernel has them
+        self.table_grad = grad and (
+            getattr(cos, "requires_grad", False) or getattr(sin, "requires_grad", False)
+        )
+
+    def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:  # noqa: ARG002 - one pair for every array
+        return self.cos, self.sin
+
+    def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
+        return None
+
+    def kernel_angles(self, x: Any, seq_axis: int) -> KernelAngles:  # noqa: ARG002
+        cos, sin = self.cos, self.sin
+        if cos.ndim == 2:
+            cos, sin = cos[None, ...], sin[None, ...]
+        return KernelAngles(TABLES, cos.shape[-1], cos.shape[0], cos=cos, sin=sin)
+
+
+class XPosTables:
+    """A call's tables with xPos's scale: q's times ``zeta ** (m / scale_base)`` (``sign`` +1), k's
+    divided by ``zeta ** (n / scale_base)`` (-1). Every kernel reads the tables then (no shared
+    cached rows: the scale differs per array)."""
+
+    __slots__ = ("positions", "sign")
+    kind = "xpos"
+    device_frequencies = False
+    table_grad = False
+
+    def __init__(self, positions: PositionTables, sign: float) -> None:
+        self.positions, self.sign = positions, sign
+
+    @property
+    def unsigned64(self) -> bool:
+        return self.positions.unsigned64
+
+    def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
+        source = self.positions
+        cos, sin = source.tables(seq, dtype)
+        scale = xpos_scale(source.ctx, source.spec, seq, source.rotary, self.sign, dtype)
+        return cos * scale, sin * scale
+
+    def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
+        return None

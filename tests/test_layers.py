@@ -1,0 +1,48 @@
+"""The package's own modules import each other at module level, downward (the layers contract in
+pyproject.toml, checked by lint-imports in ``nox -s lint``). A function-local import of one of
+its own modules is allowed only where that module imports an optional library as it loads."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import anyrope
+
+PACKAGE = Path(anyrope.__file__).parent
+# Modules whose top level imports an optional library: loaded when first used, so that
+# `import anyrope` imports no backend.
+LOADED_ON_FIRST_USE = {"anyrope._kernels._jit": "numba", "anyrope._kernels._triton": "triton and torch"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _deferred_imports() -> list[tuple[str, str]]:
+    """(importing module, imported module) for every import of the package's own modules inside
+    a function."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = _module_name(path)
+        package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+        for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    target = f"{base}.{node.module}" if node.module else base
+                    found += [
+                        (importer, f"{target}.{a.name}" if not node.module else target) for a in node.names
+                    ]
+                elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("anyrope"):
+                    found.append((importer, str(node.module)))
+    return found
+
+
+def test_deferred_imports_only_of_modules_that_import_optional_libraries() -> None:
+    deferred = _deferred_imports()
+    assert {target for _, target in deferred} <= set(LOADED_ON_FIRST_USE), deferred
+    assert deferred, "the scan found nothing: the Triton and numba kernels are loaded on first use"
