@@ -291,6 +291,14 @@ class Llama3(Scaling):
         return tuple(out), 1.0
 
 
+def longrope_attention(factor: float, original_max_position: float) -> float:
+    """LongRoPE's attention factor: ``sqrt(1 + ln(factor) / ln(original_max_position))`` (1 for
+    factor <= 1)."""
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original_max_position))
+
+
 @dataclass(frozen=True)
 class LongRoPE(Scaling):
     """LongRoPE (Phi-3): one rescale factor per pair, short ones within the original context.
@@ -333,9 +341,7 @@ class LongRoPE(Scaling):
         factor = self.factor
         if factor is None:
             factor = max_position / self.original_max_position if max_position else 1.0
-        if factor <= 1.0:
-            return 1.0
-        return math.sqrt(1 + math.log(factor) / math.log(self.original_max_position))
+        return longrope_attention(factor, self.original_max_position)
 
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None

@@ -18,9 +18,6 @@ Encoders run the forward only; encoder-decoders run the decoder on a fixed promp
 
 from __future__ import annotations
 
-import inspect
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,7 +27,16 @@ from anyrope._families import FAMILIES, Family
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
-from peers.tiny_models import NOT_IN_MODEL, OVERRIDES, tiny_model
+from peers.in_model import (  # noqa: F401 - quiet_and_fast: an autouse fixture, one thread, no grad
+    LOGITS_RTOL,
+    NEW_TOKENS,
+    InModel,
+    assert_same_greedy,
+    main_output,
+    quiet_and_fast,
+    relative,
+)
+from peers.tiny_models import NOT_IN_MODEL
 
 from anyrope.integrations.transformers import is_patched, remove_anyrope, use_anyrope
 
@@ -38,35 +44,13 @@ SUPPORTED = [f for f in FAMILIES if f.unsupported is None]
 
 PROMPT = 8
 PAD = 3  # left padding of row 1
-NEW_TOKENS = 16
-
-# transformers forms the angles in float32, inv_freq * position, off by up to |angle| * 2**-24
-# (1.4e-6 rad at position 23 and frequency 1; its float32 inv_freq adds about as much), and
-# anyrope forms them exactly: cos and sin differ by ~1e-6. Through these 2-layer random models
-# (initializer_range 0.1, attention scores of order 1) that becomes, measured over every family
-# here, at most 9.6e-7 of the logits' scale in the forward (median 4e-7) and 1.1e-6 in the 16
-# decoding steps (positions up to 23). The bound leaves 10x room; a 1% frequency error moves the
-# same outputs by 1.3e-4 or more (a wrong pairing, width or position by O(1e-2..1)), and the
-# smallest greedy top-2 margin of the stock runs is 2.3e-4.
-LOGITS_RTOL = 1e-5
 
 
-def _accepts(model: torch.nn.Module, name: str) -> bool:
-    return name in inspect.signature(model.forward).parameters
-
-
-def _main_output(out: Any) -> torch.Tensor:
-    logits = getattr(out, "logits", None)
-    return logits if logits is not None else out.last_hidden_state
-
-
-class Run:
+class Run(InModel):
     """One family's tiny model, its inputs, and the forwards and decodes the test compares."""
 
     def __init__(self, family: Family) -> None:
-        self.model_type = family.model_type
-        self.overrides = OVERRIDES.get(family.model_type, {})
-        self.model = tiny_model(family.model_type)
+        super().__init__(family)
         config = self.model.config
         self.seq2seq = bool(getattr(config, "is_encoder_decoder", False))
         self.use_cache = self.overrides.get("_use_cache", True)
@@ -92,15 +76,10 @@ class Run:
             else None
         )
 
-    def _tokens(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.overrides.get("_inputs_embeds"):
-            return {"inputs_embeds": self.embeddings[ids]}
-        return {"input_ids": ids}
-
     def _encoder_inputs(self) -> dict[str, torch.Tensor]:
         if self.input_values is not None:
             return {"input_values": self.input_values}
-        return {**self._tokens(self.ids), "attention_mask": self.mask}
+        return {**self.tokens(self.ids), "attention_mask": self.mask}
 
     def _kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {**self._encoder_inputs(), **self.extra}
@@ -109,14 +88,14 @@ class Run:
             if "_decoder_channels" in self.overrides:  # Dia: audio codes, (batch, length, channels)
                 decoder_ids = decoder_ids[..., None].repeat(1, 1, self.overrides["_decoder_channels"])
             kwargs["decoder_input_ids"] = decoder_ids
-        elif _accepts(self.model, "position_ids"):
+        elif self.accepts("position_ids"):
             kwargs["position_ids"] = self.position_ids
         if not self.use_cache:
             kwargs["use_cache"] = False
         return kwargs
 
     def forward(self) -> torch.Tensor:
-        out = _main_output(self.model(**self._kwargs()))
+        out = main_output(self.model(**self._kwargs()))
         if self.seq2seq:
             return out
         # The padded positions' outputs are not compared (CSM's depth decoder drops position 0).
@@ -129,7 +108,7 @@ class Run:
         """(16 greedy tokens or None, each step's scores or outputs); (None, None): no decoding."""
         if self.generates():
             return self._generate()
-        if self.seq2seq or not self.use_cache or not _accepts(self.model, "past_key_values"):
+        if self.seq2seq or not self.use_cache or not self.accepts("past_key_values"):
             return None, None  # encoders; encoder-decoders and models run without cache: forward only
         return self._decode_by_hand()
 
@@ -145,9 +124,7 @@ class Run:
             output_scores=True,
             return_dict_in_generate=True,
         )
-        assert len(out.scores) == NEW_TOKENS, (
-            f"{self.model_type}: generate stopped after {len(out.scores)} steps"
-        )
+        assert len(out.scores) == NEW_TOKENS, f"{self.name}: generate stopped after {len(out.scores)} steps"
         return out.sequences[:, -NEW_TOKENS:], torch.stack(out.scores, dim=1)
 
     def _decode_by_hand(self) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -159,46 +136,24 @@ class Run:
         if out.get("past_key_values") is None:
             return None, None  # a text model that makes no cache of its own (Granite 4 Vision's)
         has_logits = out.get("logits") is not None
-        mask, position = self.mask, self.position_ids[:, -1:]
-        tokens, steps = [], []
-        for step in range(NEW_TOKENS):
-            last = _main_output(out)[:, -1]
-            token = last.argmax(-1, keepdim=True) if has_logits else self.fixed[:, step : step + 1]
-            tokens.append(token)
-            mask = torch.cat((mask, torch.ones_like(token)), dim=-1)
-            position = position + 1
-            kwargs = {**self._tokens(token), **self.extra, "attention_mask": mask}
-            if _accepts(self.model, "position_ids"):
-                kwargs["position_ids"] = position
-            if _accepts(self.model, "logits_to_keep"):
+        last = self.position_ids[:, -1:]
+
+        def pick(out: Any, step: int) -> torch.Tensor:
+            if has_logits:
+                return main_output(out)[:, -1].argmax(-1, keepdim=True)
+            return self.fixed[:, step : step + 1]
+
+        def step_inputs(token: torch.Tensor, step: int) -> dict[str, Any]:
+            kwargs = {**self.tokens(token), **self.extra}
+            if self.accepts("position_ids"):
+                kwargs["position_ids"] = last + (step + 1)
+            if self.accepts("logits_to_keep"):
                 kwargs["logits_to_keep"] = 1  # as generate passes it (CSM's depth decoder needs it)
-            out = self.model(**kwargs, past_key_values=out.past_key_values, use_cache=True)
-            steps.append(_main_output(out)[:, -1])
-        return (torch.cat(tokens, dim=-1) if has_logits else None), torch.stack(steps, dim=1)
+            return kwargs
 
-
-def _relative(stock: torch.Tensor, patched: torch.Tensor) -> float:
-    """The largest difference, relative to the stock values' scale (floored at 1)."""
-    return float((stock - patched).abs().max()) / max(float(stock.abs().max()), 1.0)
-
-
-def _margin(scores: torch.Tensor) -> float:
-    """The smallest lead of a greedy pick over the runner-up; a fully masked (forced) step has none."""
-    top = scores.float().topk(2, dim=-1).values
-    lead = (top[..., 0] - top[..., 1]).nan_to_num(nan=float("inf"))
-    return float(torch.where(torch.isfinite(top[..., 0]), lead, float("inf")).min())
-
-
-@pytest.fixture(autouse=True)
-def _quiet_and_fast() -> Iterator[None]:
-    # One intra-op thread: the matrices are tiny, and a second thread that spins waiting for work
-    # makes each op ~10x slower on a busy 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # transformers' notes on tiny random configs
-        yield
-    torch.set_num_threads(threads)
+        tokens, outs = self.greedy(out, self.mask, pick, step_inputs)
+        steps = torch.stack([main_output(o)[:, -1] for o in outs], dim=1)
+        return (torch.cat(tokens, dim=-1) if has_logits else None), steps
 
 
 @pytest.mark.parametrize("family", SUPPORTED, ids=[f.model_type for f in SUPPORTED])
@@ -219,28 +174,16 @@ def test_family_in_model(family: Family) -> None:
     assert not any(is_patched(module) for module in run.model.modules()), f"{name}: still patched"
     restored = run.forward()
 
-    rel = _relative(stock, patched)
+    rel = relative(stock, patched)
     assert rel <= LOGITS_RTOL, f"{name}: outputs differ by {rel:.2e} of their scale, over {LOGITS_RTOL:.0e}"
     if stock_tokens is not None:
         assert stock_steps is not None
         assert patched_steps is not None
-        margin = _margin(stock_steps)
-        scale = max(float(stock_steps[torch.isfinite(stock_steps)].abs().max()), 1.0)
-        assert margin > LOGITS_RTOL * scale, (
-            f"{name}: a greedy step's top-2 margin ({margin:.2e}) is within the logits tolerance, so "
-            "a differing token would be a tie: choose another seed (OVERRIDES '_seed')"
-        )
-        # The picks from the scores too: Higgs generates audio codebooks, with scores per codebook.
-        assert torch.equal(stock_steps.argmax(-1), patched_steps.argmax(-1)), (
-            f"{name}: greedy picks differ (smallest top-2 margin of the stock run {margin:.2e})"
-        )
-        assert torch.equal(stock_tokens, patched_tokens), (
-            f"{name}: greedy tokens differ (smallest top-2 margin of the stock run {margin:.2e})\n"
-            f"stock   {stock_tokens.tolist()}\npatched {patched_tokens.tolist()}"
-        )
+        assert patched_tokens is not None
+        assert_same_greedy(name, stock_steps, stock_tokens, patched_steps, patched_tokens)
     elif stock_steps is not None:
         assert patched_steps is not None
-        rel = _relative(stock_steps, patched_steps)
+        rel = relative(stock_steps, patched_steps)
         assert rel <= LOGITS_RTOL, f"{name}: cached decoding steps differ by {rel:.2e} of their scale"
     assert torch.equal(stock, restored), (
         f"{name}: remove_anyrope did not restore the stock outputs bit for bit"

@@ -10,6 +10,7 @@ with either and must give the same logits and the same greedy tokens, with mlx-l
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any
 
@@ -512,7 +513,9 @@ def test_no_rope_found() -> None:
 
 def test_failed_check_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        am, "_convert", lambda module: anyrope.RoPE(module.dims, base=module.base, layout="interleaved")
+        importlib.import_module("anyrope.integrations.mlx_lm._conversion"),
+        "_convert",
+        lambda module: anyrope.RoPE(module.dims, base=module.base, layout="interleaved"),
     )
     with pytest.raises(ValueError, match="rotates differently from mlx-lm's RoPE"):
         am.from_mlx_lm(nn.RoPE(16, traditional=False))

@@ -12,7 +12,7 @@ far plus one. Row 0 is 2 text tokens, a 2x8 image, 2 text tokens; row 1 a 4x4 im
 tokens, so the rows' last positions differ (11 and 7). It checks:
 
 * the forward output (logits, or the last hidden state for models without a head), stock and
-  after ``use_anyrope(model)``: equal within the relative tolerance test_families.py uses
+  after ``use_anyrope(model)``: equal within the relative tolerance of in_model.py
   (``LOGITS_RTOL``, justified there); and that the image positions matter, so that a pair on the
   wrong stream would show: the stock output at plain text positions, and with the height stream,
   or the width stream, replaced by the time stream, each differ from it by at least 10x that
@@ -48,14 +48,20 @@ from anyrope._families import FAMILIES, Family
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
-from peers.test_families import LOGITS_RTOL, _quiet_and_fast  # noqa: F401 - an autouse fixture: one thread, no grad
-from peers.tiny_models import NOT_IN_MODEL, OVERRIDES, tiny_model
+from peers.in_model import (  # noqa: F401 - quiet_and_fast: an autouse fixture, one thread, no grad
+    LOGITS_RTOL,
+    InModel,
+    assert_same_greedy,
+    main_output,
+    quiet_and_fast,
+    relative,
+)
+from peers.tiny_models import NOT_IN_MODEL
 
 from anyrope.integrations.transformers import remove_anyrope, use_anyrope
 
 MROPE = [f for f in FAMILIES if f.multi_axis is not None and f.unsupported is None]
 
-NEW_TOKENS = 16
 VOCAB = 128
 SENSITIVITY = 10  # each stream must move the stock output by this many tolerances
 
@@ -91,23 +97,11 @@ def _neomme_positions(rows: int, columns: int) -> torch.Tensor:
     return torch.tensor([(0, 0), (1, 1), *grid]).T
 
 
-def _main_output(out: Any) -> torch.Tensor:
-    logits = getattr(out, "logits", None)
-    return logits if logits is not None else out.last_hidden_state
-
-
-def _relative(stock: torch.Tensor, other: torch.Tensor) -> float:
-    """The largest difference, relative to the stock values' scale (floored at 1)."""
-    return float((stock - other).abs().max()) / max(float(stock.abs().max()), 1.0)
-
-
-class Run:
+class Run(InModel):
     """One family's tiny model at image-like positions: its forward and its greedy decoding."""
 
     def __init__(self, family: Family) -> None:
-        self.name = family.model_type
-        self.overrides = OVERRIDES.get(self.name, {})
-        self.model = tiny_model(self.name)
+        super().__init__(family)
         self.neomme = family.multi_axis == "alternating"
         if self.neomme:
             self.positions = torch.stack([_neomme_positions(*grid) for grid in NEOMME_GRIDS], dim=1)
@@ -120,15 +114,10 @@ class Run:
         self.embeddings = torch.randn(VOCAB, hidden, generator=generator)  # for embeddings-only models
         self.projection = torch.randn(VOCAB, hidden, generator=generator)  # "logits" of headless models
 
-    def _tokens(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.overrides.get("_inputs_embeds"):
-            return {"inputs_embeds": self.embeddings[ids]}
-        return {"input_ids": ids}
-
     def forward(self, positions: torch.Tensor | None = None) -> torch.Tensor:
         positions = self.positions if positions is None else positions
         mask = torch.ones_like(self.ids)
-        return _main_output(self.model(**self._tokens(self.ids), attention_mask=mask, position_ids=positions))
+        return main_output(self.model(**self.tokens(self.ids), attention_mask=mask, position_ids=positions))
 
     def _logits(self, out: Any) -> torch.Tensor:
         logits = getattr(out, "logits", None)
@@ -139,32 +128,20 @@ class Run:
         projected logits, each step's main output)."""
         mask = torch.ones_like(self.ids)
         out = self.model(
-            **self._tokens(self.ids), attention_mask=mask, position_ids=self.positions, use_cache=True
+            **self.tokens(self.ids), attention_mask=mask, position_ids=self.positions, use_cache=True
         )
         # The next text token's position: the row's largest so far, plus one, on every stream.
         following = self.positions.amax(dim=(0, 2)) + 1
-        tokens, logits, outputs = [], [], []
-        for step in range(NEW_TOKENS):
-            token = self._logits(out).argmax(-1, keepdim=True)
-            tokens.append(token)
-            mask = torch.cat((mask, torch.ones_like(token)), dim=-1)
+
+        def step_inputs(token: torch.Tensor, step: int) -> dict[str, Any]:
             position = (following + step)[None, :, None].expand(self.positions.shape[0], -1, 1)
-            out = self.model(
-                **self._tokens(token),
-                attention_mask=mask,
-                position_ids=position,
-                past_key_values=out.past_key_values,
-                use_cache=True,
-            )
-            logits.append(self._logits(out))
-            outputs.append(_main_output(out)[:, -1])
-        return torch.cat(tokens, dim=-1), torch.stack(logits, dim=1), torch.stack(outputs, dim=1)
+            return {**self.tokens(token), "position_ids": position}
 
-
-def _margin(scores: torch.Tensor) -> float:
-    """The smallest lead of a greedy pick over the runner-up."""
-    top = scores.topk(2, dim=-1).values
-    return float((top[..., 0] - top[..., 1]).min())
+        tokens, outs = self.greedy(
+            out, mask, lambda out, step: self._logits(out).argmax(-1, keepdim=True), step_inputs
+        )
+        logits = torch.stack([self._logits(o) for o in outs], dim=1)
+        return torch.cat(tokens, dim=-1), logits, torch.stack([main_output(o)[:, -1] for o in outs], dim=1)
 
 
 @pytest.mark.parametrize("family", MROPE, ids=[f.model_type for f in MROPE])
@@ -184,7 +161,7 @@ def test_mrope_in_model(family: Family) -> None:
         positions[stream] = positions[0]
         changed[f"stream {stream} replaced by stream 0"] = positions
     for what, positions in changed.items():
-        moved = _relative(stock, run.forward(positions))
+        moved = relative(stock, run.forward(positions))
         assert moved > SENSITIVITY * LOGITS_RTOL, (
             f"{name}: {what} move the stock output by only {moved:.2e} of its scale: the test "
             "could not tell a wrong stream from a right one"
@@ -200,21 +177,12 @@ def test_mrope_in_model(family: Family) -> None:
     remove_anyrope(run.model)
     assert torch.equal(run.forward(), stock), f"{name}: remove_anyrope did not restore the stock outputs"
 
-    rel = _relative(stock, patched)
+    rel = relative(stock, patched)
     assert rel <= LOGITS_RTOL, f"{name}: outputs differ by {rel:.2e} of their scale, over {LOGITS_RTOL:.0e}"
     if not decoding:
         return
-    margin = _margin(stock_logits)
-    scale = max(float(stock_logits.abs().max()), 1.0)
-    assert margin > LOGITS_RTOL * scale, (
-        f"{name}: a greedy step's top-2 margin ({margin:.2e}) is within the tolerance, so a "
-        "differing token would be a tie: choose another seed (OVERRIDES '_seed')"
-    )
-    assert torch.equal(stock_tokens, patched_tokens), (
-        f"{name}: greedy tokens differ (smallest top-2 margin of the stock run {margin:.2e})\n"
-        f"stock   {stock_tokens.tolist()}\npatched {patched_tokens.tolist()}"
-    )
-    rel = _relative(stock_steps, patched_steps)
+    assert_same_greedy(name, stock_logits, stock_tokens, patched_logits, patched_tokens)
+    rel = relative(stock_steps, patched_steps)
     assert rel <= LOGITS_RTOL, f"{name}: decoding steps differ by {rel:.2e} of their scale"
-    rel = _relative(stock_logits, patched_logits)
+    rel = relative(stock_logits, patched_logits)
     assert rel <= LOGITS_RTOL, f"{name}: decoding logits differ by {rel:.2e} of their scale"
