@@ -99,12 +99,15 @@ def kernel_table() -> str:
     lines = [
         (
             "Kernels are tried in this order; each takes the calls its declaration covers, and the "
-            "generic one takes every call. `anyrope.use_fast_paths(False)` keeps to the generic one, "
-            '`use_fast_paths("name")` to one by name.'
+            "generic one takes every call: no kernel declines a call its declaration covers. "
+            "`anyrope.use_fast_paths(False)` keeps to the generic one, "
+            '`use_fast_paths("name")` to one by name, which raises, saying what the call has that '
+            "the kernel does not take, before any work."
         ),
         "",
-        "| kernel | libraries | devices | layouts | dtypes | in place | traceable | gradients | needs |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| kernel | libraries | devices | layouts | dtypes | positions from | in place | traceable "
+        "| gradients | does not take | needs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for k in anyrope.kernels():
         cells = [
@@ -113,7 +116,9 @@ def kernel_table() -> str:
             ", ".join(sorted(k.devices)) or "any",
             ", ".join(sorted(k.layouts)),
             ", ".join(sorted(k.dtypes)) or "any",
+            ", ".join(sorted(k.sources)) or "any",
             *("yes" if flag else "no" for flag in (k.inplace, k.traceable, k.differentiable)),
+            "; ".join(k.refuses()) or "-",
             ", ".join(k.requires) or "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")

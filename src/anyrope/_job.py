@@ -149,31 +149,48 @@ class Kernel:
 
     def why_not(self, key: KernelKey) -> str | None:
         """What a job with this key has that this kernel does not take, or None if it takes it."""
-        for wanted, have, what in (
-            (key.library, self.libraries, "library"),
-            (key.device, self.devices, "device"),
-            (key.dtype, self.dtypes, "dtype"),
-            (key.layout, self.layouts, "layout"),
-            (key.source, self.sources, "positions from"),
-        ):
+        for field_name, what in _SETS:
+            have, wanted = getattr(self, field_name), getattr(key, _KEY_OF.get(field_name, field_name))
             if have and wanted not in have:
                 return f"{what} {wanted} (it takes {', '.join(sorted(have))})"
-        for needed, has, what in (
-            (key.inplace, self.inplace, "in-place writes"),
-            (key.traced, self.traceable, "tracing"),
-            (key.grad, self.differentiable, "gradients"),
-            (key.device_frequencies, self.device_frequencies, "frequencies chosen on the device"),
-            (key.unsigned64, self.unsigned64, "64-bit unsigned positions"),
-            (key.strided_out, self.strided_out, "a strided destination"),
-            (key.table_grad, self.table_grad, "gradients for the tables"),
-        ):
-            if needed and not has:
+        for flag, what in _FLAGS:
+            if getattr(key, flag) and not getattr(self, _DECLARED_BY.get(flag, flag)):
                 return f"no {what}"
         if self.needs_float64 and not key.float64:
-            return "it needs float64 and 64-bit integers on the device"
+            return _NEEDS_FLOAT64
         if not self.available:
             return f"needs {', '.join(self.requires)} (not installed)"
         return None
 
+    def refuses(self) -> tuple[str, ...]:
+        """What this kernel does not take besides its sets and its in-place, tracing and gradient
+        flags (the docs' table has columns for those), in why_not's words."""
+        return (
+            *(what for flag, what in _FLAGS[3:] if not getattr(self, _DECLARED_BY.get(flag, flag))),
+            *((_NEEDS_FLOAT64.removeprefix("it "),) if self.needs_float64 else ()),
+        )
+
     def takes(self, key: KernelKey) -> bool:
         return self.why_not(key) is None
+
+
+# The declaration's sets and flags, with the key field each is held against and how a refusal reads.
+_SETS = (
+    ("libraries", "library"),
+    ("devices", "device"),
+    ("dtypes", "dtype"),
+    ("layouts", "layout"),
+    ("sources", "positions from"),
+)
+_KEY_OF = {"libraries": "library", "devices": "device", "dtypes": "dtype", "layouts": "layout", "sources": "source"}
+_FLAGS = (
+    ("inplace", "in-place writes"),
+    ("traced", "tracing"),
+    ("grad", "gradients"),
+    ("device_frequencies", "frequencies chosen on the device"),
+    ("unsigned64", "64-bit unsigned positions"),
+    ("strided_out", "strided destination"),
+    ("table_grad", "gradients for the tables"),
+)
+_DECLARED_BY = {"traced": "traceable", "grad": "differentiable"}
+_NEEDS_FLOAT64 = "it needs float64 and 64-bit integers on the device"
