@@ -13,11 +13,11 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-# tomli before 3.11 (the bench and test groups install it); by name, so that mypy's 3.10 target
-# needs no tomli in the lint environment
-tomllib: Any = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+# tools/backend_toml.py, the one reader of backends/ (stdlib only): on the path for the scripts
+# here and pyperf's workers (pytest puts tools/ there itself)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import backend_toml
 
 BASE = 10000.0
 LAYOUTS = ("half", "interleaved")
@@ -73,15 +73,15 @@ OWN = {
     "jax": ("jax.jit(lambda x: x.copy()), a copy into a new buffer", "anyrope-jit"),
     "cupy": ("x.copy()", None),
 }
-BACKENDS_DIR = Path(__file__).resolve().parents[1] / "backends"
 
 
 def _backends() -> tuple[BackendSpec, ...]:
     """The benchmarked backends, CPU ones first; a backend with a "cuda" device adds NAME-cuda."""
     cpu: list[BackendSpec] = []
     gpu: list[BackendSpec] = []
+    specs = backend_toml.load()
     for name, (copy, compiler) in OWN.items():
-        data = tomllib.loads((BACKENDS_DIR / name / "backend.toml").read_text())
+        data = specs[name]
         dtypes = tuple(d for d in DTYPE_ORDER if d in data["dtypes"])  # float64 is not what models run
         only_gpu = bool(data.get("gpu-only", False))
         (gpu if only_gpu else cpu).append(BackendSpec(name, data["module"], dtypes, copy, only_gpu, compiler))

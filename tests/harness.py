@@ -8,35 +8,20 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from backend_toml import load
 from oracle import TOLERANCE
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
-
-ROOT = Path(__file__).resolve().parent.parent
 MODES = ("eager", "compiled", "dynamic")  # dynamic: torch.compile with dynamic shapes
 
 
-def load_specs() -> dict[str, dict[str, Any]]:
-    specs = {}
-    for path in sorted((ROOT / "backends").glob("*/backend.toml")):
-        data = tomllib.loads(path.read_text())
-        specs[data["name"]] = data
-    return specs
-
-
-SPECS = load_specs()
+SPECS = load()
 
 
 def target_ids() -> dict[str, tuple[str, str]]:

@@ -136,9 +136,10 @@ def test_backend_names_are_the_ones_nox_and_pytest_use() -> None:
 def test_self_check_agrees_with_backends_data() -> None:
     """The wheel carries no backends/ (nothing there is read at run time), so the self-check keeps
     its own copy of what it needs; this holds that copy to backends/*/backend.toml and the extras."""
-    from harness import ROOT, SPECS, tomllib
+    from backend_toml import ROOT, read
+    from harness import SPECS
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = read(ROOT / "pyproject.toml")["project"]["optional-dependencies"]
     for backend in _selfcheck.BACKENDS:
         spec = SPECS[backend.name]
         # mlx: the self-check finds the package and imports mlx.core in its probe
