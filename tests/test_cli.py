@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from anyrope import _selfcheck
+from anyrope import _selfcheck, _selfcheck_checks
 from anyrope.__main__ import main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -48,12 +48,12 @@ def test_self_check_covers_jax(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_wrong_oracle_fails(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     _numpy_backend()
-    right = _selfcheck.rope_oracle
+    right = _selfcheck_checks.rope_oracle
 
     def one_position_late(x: Any, **kwargs: Any) -> Any:
         return right(x, **{**kwargs, "offset": kwargs.get("offset", 0) + 1})
 
-    monkeypatch.setattr(_selfcheck, "rope_oracle", one_position_late)
+    monkeypatch.setattr(_selfcheck_checks, "rope_oracle", one_position_late)
     assert main(["--backend", "numpy"]) == 1
     out = capsys.readouterr().out
     assert "FAIL (max error" in out
