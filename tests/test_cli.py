@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 import re
@@ -16,6 +15,7 @@ import pytest
 
 from anyrope import _selfcheck, _selfcheck_checks
 from anyrope.__main__ import main
+from anyrope._arrays import is_installed
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -165,6 +165,6 @@ def test_self_check_lists_the_fused_kernels(capsys: pytest.CaptureFixture[str]) 
     main(["-b", "numpy"])
     out = capsys.readouterr().out
     numba = next(line for line in out.splitlines() if line.strip().startswith("numba "))
-    found = importlib.util.find_spec("numba") is not None
+    found = is_installed("numba")
     assert numba.endswith("available") if found else numba.endswith('pip install "anyrope[numba]"')
     assert "mlx-compiled" not in out  # only kernels for the libraries checked
