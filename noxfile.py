@@ -27,17 +27,12 @@ import nox
 
 nox.needs_version = ">=2025.2"  # dependency groups (nox.project.dependency_groups)
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # nox depends on tomli for these Pythons
-    import tomli as tomllib
-
 ROOT = Path(__file__).parent
+sys.path.insert(0, str(ROOT / "tools"))  # backend_toml: the one reader of backends/ (stdlib only)
+import backend_toml
+
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
-BACKENDS = {
-    data["name"]: data
-    for data in (tomllib.loads(path.read_text()) for path in sorted(ROOT.glob("backends/*/backend.toml")))
-}
+BACKENDS = backend_toml.load(ROOT)
 
 VARIANTS = {f"{n}-{v}": (n, v) for n, b in BACKENDS.items() for v in b.get("variants", {})}
 

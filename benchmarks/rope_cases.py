@@ -3,21 +3,47 @@
 pyperf runs the benchmark script again in every worker process and picks the benchmark by its
 registration order, so this plan must come out the same in each process and cost nothing: it
 imports no array library, only asks ``importlib.util.find_spec`` what is installed.
+
+What is installed, and the per-library array glue the runtimes use, come from anyrope's own
+``_arrays`` (the tests and the self-check use it too), loaded from its file: importing it as
+``anyrope._arrays`` would import anyrope, whose import bench_first_call times.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-# tomli before 3.11 (the bench and test groups install it); by name, so that mypy's 3.10 target
-# needs no tomli in the lint environment
-tomllib: Any = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+# tools/backend_toml.py, the one reader of backends/ (stdlib only): on the path for the scripts
+# here and pyperf's workers (pytest puts tools/ there itself)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import backend_toml
+
+
+def _load_arrays() -> ModuleType:
+    """anyrope/_arrays.py of the anyrope that runs, without importing anyrope (it imports only the
+    standard library until a function asks for an array library)."""
+    found = importlib.util.find_spec("anyrope")  # a top-level package: found, not imported
+    if found is None or not found.submodule_search_locations:
+        raise ModuleNotFoundError("the benchmark times anyrope, which is not installed")
+    path = Path(next(iter(found.submodule_search_locations))) / "_arrays.py"
+    spec = importlib.util.spec_from_file_location("anyrope_arrays", path)
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError(f"cannot load {path}")
+    module = sys.modules["anyrope_arrays"] = importlib.util.module_from_spec(spec)  # for dataclasses
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING:
+    from anyrope import _arrays as arrays
+else:
+    arrays = sys.modules.get("anyrope_arrays") or _load_arrays()
 
 BASE = 10000.0
 LAYOUTS = ("half", "interleaved")
@@ -73,15 +99,15 @@ OWN = {
     "jax": ("jax.jit(lambda x: x.copy()), a copy into a new buffer", "anyrope-jit"),
     "cupy": ("x.copy()", None),
 }
-BACKENDS_DIR = Path(__file__).resolve().parents[1] / "backends"
 
 
 def _backends() -> tuple[BackendSpec, ...]:
     """The benchmarked backends, CPU ones first; a backend with a "cuda" device adds NAME-cuda."""
     cpu: list[BackendSpec] = []
     gpu: list[BackendSpec] = []
+    specs = backend_toml.load()
     for name, (copy, compiler) in OWN.items():
-        data = tomllib.loads((BACKENDS_DIR / name / "backend.toml").read_text())
+        data = specs[name]
         dtypes = tuple(d for d in DTYPE_ORDER if d in data["dtypes"])  # float64 is not what models run
         only_gpu = bool(data.get("gpu-only", False))
         (gpu if only_gpu else cpu).append(BackendSpec(name, data["module"], dtypes, copy, only_gpu, compiler))
@@ -168,10 +194,7 @@ class Bench:
 
 def installed(module: str) -> bool:
     """Whether the module's top-level package can be found (nothing is imported)."""
-    try:
-        return importlib.util.find_spec(module.split(".")[0]) is not None
-    except (ImportError, ValueError):
-        return False
+    return arrays.is_installed(module.split(".")[0])
 
 
 def has_nvidia_gpu() -> bool:

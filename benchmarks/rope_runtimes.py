@@ -1,6 +1,7 @@
 """How each array library makes arrays, copies them, finishes its work and is timed.
 
-Imported only in pyperf's worker processes, and each library only by its own maker.
+Imported only in pyperf's worker processes, and each library only by its own maker. Index
+arrays and waiting for a result are anyrope's per-library glue (``rope_cases.arrays``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from anyrope import _arrays as arrays
+else:  # loaded from its file, without importing anyrope: see rope_cases
+    from rope_cases import arrays
 
 Call = Callable[[], Any]
 
@@ -51,7 +57,7 @@ def _numpy() -> Runtime:
         return np.random.default_rng(seed).standard_normal(dims, dtype=np.float32).astype(dtype)
 
     return Runtime(
-        "numpy", "numpy", np, make, index=lambda values: np.asarray(values, dtype=np.int64),
+        "numpy", "numpy", np, make, index=lambda values: arrays.asarray("numpy", values, "int64"),
         copy=lambda x: x.copy(),
     )  # fmt: skip
 
@@ -87,14 +93,11 @@ def _torch(device: str) -> Runtime:
         x = torch.randn(*dims, generator=gen, device=device, dtype=torch.float32)
         return x.to(getattr(torch, dtype))
 
-    def finish(_result: Any) -> None:
-        if device == "cuda":
-            torch.cuda.synchronize()
-
     return Runtime(
         "torch-cuda" if device == "cuda" else "torch", "torch", torch, make,
-        index=lambda values: torch.tensor(values, dtype=torch.int64, device=device),
-        copy=lambda x: x.clone(), finish=finish, scope=torch.inference_mode,
+        index=lambda values: arrays.asarray("torch", values, "int64", device),
+        copy=lambda x: x.clone(), finish=lambda result: arrays.synchronize("torch", result, device),
+        scope=torch.inference_mode,
         compile=lambda fn: torch.compile(fn, fullgraph=True), compile_note="torch.compile(fullgraph=True)",
         torch_device=device, time_loops=_device_events(
             lambda: torch.cuda.Event(enable_timing=True), torch.cuda.synchronize,
@@ -112,8 +115,8 @@ def _mlx() -> Runtime:
         return x
 
     return Runtime(
-        "mlx", "mlx", mx, make, index=lambda values: mx.array(values),
-        copy=lambda x: x * 1, finish=mx.eval,
+        "mlx", "mlx", mx, make, index=lambda values: arrays.asarray("mlx", values, "int32"),
+        copy=lambda x: x * 1, finish=lambda result: arrays.synchronize("mlx", result),
     )  # fmt: skip
 
 
@@ -131,9 +134,9 @@ def _jax() -> Runtime:
     return Runtime(
         "jax", "jax", jax, make,
         # int32: without x64 (JAX's default) an int64 request is truncated to int32, with a warning
-        index=lambda values: jax.device_put(jnp.asarray(values, dtype=jnp.int32), cpu),
+        index=lambda values: arrays.asarray("jax", values, "int32", cpu),
         copy=jax.jit(lambda x: x.copy()),
-        finish=jax.block_until_ready, scope=lambda: jax.default_device(cpu),
+        finish=lambda result: arrays.synchronize("jax", result), scope=lambda: jax.default_device(cpu),
         compile=jax.jit, compile_note="jax.jit",
     )  # fmt: skip
 
@@ -147,10 +150,10 @@ def _cupy() -> Runtime:
         return cupy.random.default_rng(seed).standard_normal(dims, dtype=cupy.float32).astype(dtype)
 
     def synchronize() -> None:
-        cupy.cuda.get_current_stream().synchronize()
+        arrays.synchronize("cupy", None)
 
     return Runtime(
-        "cupy", "cupy", cupy, make, index=lambda values: cupy.asarray(values, dtype=cupy.int64),
+        "cupy", "cupy", cupy, make, index=lambda values: arrays.asarray("cupy", values, "int64"),
         copy=lambda x: x.copy(),
         finish=lambda _result: synchronize(),
         time_loops=_device_events(cupy.cuda.Event, synchronize, cupy.cuda.get_elapsed_time),

@@ -84,13 +84,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     targets = _selected(metafunc.config)
     if "kernel" in metafunc.fixturenames:  # each kernel with the backends it declares
         import anyrope
+        from anyrope._arrays import LIBRARIES
 
-        library = {"jax": "jax.numpy", "dask": "dask.array"}  # backend names to library names
         pairs = [
             (t, k.name)
             for t in targets
             for k in anyrope.kernels()
-            if not k.libraries or library.get(target_ids()[t][0], target_ids()[t][0]) in k.libraries
+            if not k.libraries or LIBRARIES[target_ids()[t][0]].namespace in k.libraries
         ]
         metafunc.parametrize(("backend", "kernel"), pairs, indirect=True, scope="session")
         return

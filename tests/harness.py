@@ -1,42 +1,28 @@
 """The backends under test: read from backends/*/backend.toml, with per-library glue for tests.
 
-The glue here (making arrays from NumPy, reading them back, taking gradients, compiling) is
-test-only; the library itself never needs it.
+Making arrays and reading them back is the per-library glue of ``anyrope._arrays``, which the
+self-check and the benchmarks share; taking gradients and compiling are test-only here.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from anyrope import _arrays
+
+from backend_toml import load
 from oracle import TOLERANCE
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
-
-ROOT = Path(__file__).resolve().parent.parent
 MODES = ("eager", "compiled", "dynamic")  # dynamic: torch.compile with dynamic shapes
 
 
-def load_specs() -> dict[str, dict[str, Any]]:
-    specs = {}
-    for path in sorted((ROOT / "backends").glob("*/backend.toml")):
-        data = tomllib.loads(path.read_text())
-        specs[data["name"]] = data
-    return specs
-
-
-SPECS = load_specs()
+SPECS = load()
 
 
 def target_ids() -> dict[str, tuple[str, str]]:
@@ -51,11 +37,7 @@ def target_ids() -> dict[str, tuple[str, str]]:
 
 
 def installed(name: str) -> bool:
-    module = SPECS[name]["module"]
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package is missing ("mlx" for "mlx.core")
-        return False
+    return _arrays.is_installed(SPECS[name]["module"])
 
 
 def default_ids() -> list[str]:
@@ -101,38 +83,18 @@ class Backend:
     def asarray(self, a: Any, dtype: str | None = None) -> Any:
         """A NumPy array (or nested list) on this backend, in ``dtype`` (default: a's own)."""
         a = np.asarray(a)
-        xp = self.xp
         if dtype is None:
             dtype = str(a.dtype)
             if dtype == "int64":
                 dtype = self.index
-        if self.name == "dask":  # in chunks of 2 along every axis but a float array's features
-            import dask.array as da
-
-            whole = a.dtype.kind == "f" and a.ndim >= 1
-            chunks = tuple(-1 if whole and axis == a.ndim - 1 else 2 for axis in range(a.ndim))
-            return da.from_array(a.astype(dtype), chunks=chunks or -1)
-        if a.dtype.kind in "iu":
-            return xp.asarray(a.astype(dtype), dtype=getattr(xp, dtype), device=self.device)
-        # Go through float64 (or float32 for the 16-bit types) so values are rounded exactly once.
-        wide = "float64" if dtype == "float64" else "float32"
-        data = xp.asarray(a.astype(wide), dtype=getattr(xp, wide), device=self.device)
-        return xp.astype(data, self.dtype(dtype))
+        return _arrays.asarray(self.name, a, dtype, self.device)
 
     def to_numpy(self, x: Any) -> np.ndarray:
         """A backend array as float64/int NumPy (16-bit floats widened exactly)."""
         xp = self.xp
         if xp.isdtype(x.dtype, "real floating") and x.dtype != self.dtype("float64"):
             x = xp.astype(x, xp.float32)
-        if self.name == "torch":
-            return x.detach().cpu().numpy()
-        if self.name == "cupy":
-            return x.get()
-        if self.name == "dask":
-            return np.asarray(x.compute())
-        if self.name in ("mlx", "numpy", "jax"):
-            return np.asarray(x)
-        return np.from_dlpack(x)
+        return _arrays.to_numpy(self.name, x)  # type: ignore[no-any-return]
 
     def vjp(self, fn: Callable[[Any], Any], x: Any, cotangent: Any) -> Any:
         """The vector-Jacobian product of ``fn`` at ``x`` with ``cotangent``."""
@@ -188,7 +150,6 @@ def make_backend(target: str) -> Backend:
         if kind == "cuda" and not module.cuda.is_available():
             raise LookupError("torch has no CUDA device here")
         device = module.device("cuda" if kind == "cuda" else "cpu")
-        probe = module.zeros(1, device=device)
     elif name == "cupy":
         try:
             count = module.cuda.runtime.getDeviceCount()
@@ -196,13 +157,7 @@ def make_backend(target: str) -> Backend:
             raise LookupError(f"cupy cannot reach a CUDA device: {exc}") from None
         if not count:
             raise LookupError("cupy sees no CUDA device")
-        probe = module.zeros(1)
-    elif name in ("mlx", "jax"):
-        probe = importlib.import_module("jax.numpy" if name == "jax" else "mlx.core").zeros(1)
-    elif name == "dask":
-        probe = module.zeros(1)
-    else:
-        probe = module.asarray([0.0])
+    probe = _arrays.asarray(name, [0.0], "float32", device)
     from anyrope._compat import array_namespace, device_of
 
     xp = array_namespace(x=probe)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 import re
@@ -14,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from anyrope import _selfcheck
+from anyrope import _selfcheck, _selfcheck_checks
 from anyrope.__main__ import main
+from anyrope._arrays import is_installed
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -48,12 +48,12 @@ def test_self_check_covers_jax(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_wrong_oracle_fails(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     _numpy_backend()
-    right = _selfcheck.rope_oracle
+    right = _selfcheck_checks.rope_oracle
 
     def one_position_late(x: Any, **kwargs: Any) -> Any:
         return right(x, **{**kwargs, "offset": kwargs.get("offset", 0) + 1})
 
-    monkeypatch.setattr(_selfcheck, "rope_oracle", one_position_late)
+    monkeypatch.setattr(_selfcheck_checks, "rope_oracle", one_position_late)
     assert main(["--backend", "numpy"]) == 1
     out = capsys.readouterr().out
     assert "FAIL (max error" in out
@@ -136,9 +136,10 @@ def test_backend_names_are_the_ones_nox_and_pytest_use() -> None:
 def test_self_check_agrees_with_backends_data() -> None:
     """The wheel carries no backends/ (nothing there is read at run time), so the self-check keeps
     its own copy of what it needs; this holds that copy to backends/*/backend.toml and the extras."""
-    from harness import ROOT, SPECS, tomllib
+    from backend_toml import ROOT, read
+    from harness import SPECS
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = read(ROOT / "pyproject.toml")["project"]["optional-dependencies"]
     for backend in _selfcheck.BACKENDS:
         spec = SPECS[backend.name]
         # mlx: the self-check finds the package and imports mlx.core in its probe
@@ -164,6 +165,6 @@ def test_self_check_lists_the_fused_kernels(capsys: pytest.CaptureFixture[str]) 
     main(["-b", "numpy"])
     out = capsys.readouterr().out
     numba = next(line for line in out.splitlines() if line.strip().startswith("numba "))
-    found = importlib.util.find_spec("numba") is not None
+    found = is_installed("numba")
     assert numba.endswith("available") if found else numba.endswith('pip install "anyrope[numba]"')
     assert "mlx-compiled" not in out  # only kernels for the libraries checked

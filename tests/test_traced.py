@@ -49,14 +49,12 @@ def torch() -> Any:
 def other_libraries_called() -> None:
     """Every other installed library called first: dynamo reads anyrope's per-process memos while
     it traces, and must meet none of their dtypes or devices there (it cannot hash MLX's)."""
-    import importlib.util
+    import importlib
+
+    from anyrope._arrays import is_installed
 
     for module in ("numpy", "mlx.core", "jax.numpy", "array_api_strict"):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if found:
+        if is_installed(module):
             xp = importlib.import_module(module)
             for dtype in ("float32", "float16"):
                 if hasattr(xp, dtype):
@@ -179,9 +177,9 @@ def test_a_compiled_call_reads_no_memo(torch: Any) -> None:
     for dtype in (torch.float16, torch.float64, torch.bfloat16):  # new dtypes, plans and tables
         rope(torch.ones(2, 3, 8, dtype=dtype), offset=[1, 2])
         anyrope.RoPE(8)(torch.ones(2, 3, 8, dtype=dtype), positions=[4, 5, 6])
-    import importlib.util
+    from anyrope._arrays import is_installed
 
-    if importlib.util.find_spec("numpy") is not None:  # another library's types and dtypes
+    if is_installed("numpy"):  # another library's types and dtypes
         import numpy as np
 
         rope(np.ones((2, 3, 8), dtype=np.float32), offset=3)

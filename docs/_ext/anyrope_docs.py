@@ -12,12 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - the docs build runs on 3.11+, this keeps 3.10 importing
-    import tomli as tomllib
-
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))  # backend_toml: the one reader of backends/ (stdlib only)
+import backend_toml
+
 FIGURES = [
     "frequencies",
     "yarn_ramp",
@@ -62,7 +60,7 @@ def _cell(values: list[str] | None) -> str:
 
 def backend_matrix(root: Path = ROOT) -> str:
     """The support matrix and each backend's notes and deviations, as MyST Markdown."""
-    specs = [tomllib.loads(p.read_text()) for p in sorted(root.glob("backends/*/backend.toml"))]
+    specs = list(backend_toml.load(root).values())
     lines = [
         "| backend | module | devices | dtypes | compiled | autograd | install |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -105,8 +103,10 @@ def kernel_table() -> str:
             "the kernel does not take, before any work."
         ),
         "",
-        "| kernel | libraries | devices | layouts | dtypes | positions from | in place | traceable "
-        "| gradients | does not take | needs |",
+        (
+            "| kernel | libraries | devices | layouts | dtypes | positions from | in place | traceable "
+            "| gradients | does not take | needs |"
+        ),
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for k in anyrope.kernels():

@@ -9,7 +9,6 @@ MLX arrives through that fallback and is wrapped by :mod:`._mlx`.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -329,11 +328,3 @@ def _jax_take_rows(xp: Any, table: Any, indices: Any) -> Any:
     shardings = _jax_sharding()
     rows = shardings.NamedSharding(sharding.mesh, shardings.PartitionSpec(*spec, None))
     return table.at[indices].get(out_sharding=rows)
-
-
-_installed: Memo[bool] = Memo()
-
-
-def is_installed(module: str) -> bool:
-    """Whether ``module`` can be imported, found without importing it."""
-    return _installed.get(module, lambda: importlib.util.find_spec(module) is not None)

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from ._compat import is_c_contiguous, is_installed
+from ._arrays import is_installed
+from ._compat import is_c_contiguous
 from ._context import CallContext
 from ._dtypes import dtype_name
 from ._layout import Layout
@@ -182,7 +183,13 @@ _SETS = (
     ("layouts", "layout"),
     ("sources", "positions from"),
 )
-_KEY_OF = {"libraries": "library", "devices": "device", "dtypes": "dtype", "layouts": "layout", "sources": "source"}
+_KEY_OF = {
+    "libraries": "library",
+    "devices": "device",
+    "dtypes": "dtype",
+    "layouts": "layout",
+    "sources": "source",
+}
 _FLAGS = (
     ("inplace", "in-place writes"),
     ("traced", "tracing"),
