@@ -30,6 +30,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "feature(name): the test exercises a feature a backend may lack")
     config.addinivalue_line("markers", "dtypes(*names): run only for these floating dtypes of each backend")
+    config.addinivalue_line(
+        "markers", "kernel_takes(*what): only kernels (and backends) that take in-place writes or gradients"
+    )
 
 
 def _selected(config: pytest.Config) -> list[str]:
@@ -76,23 +79,57 @@ def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
     return False
 
 
+def _kernel_combos(metafunc: pytest.Metafunc, targets: list[str]) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """(backend, kernel[, dtype][, layout]) for every combination a kernel's declaration takes:
+    the backend's library and device type, and the dtypes (the backend's, narrowed by a
+    ``dtypes`` marker) and layouts it declares; a ``kernel_takes("inplace"|"gradients")`` marker
+    keeps kernels (and backends) with those. Nothing outside a declaration is built to be skipped."""
+    import anyrope
+    from anyrope._arrays import LIBRARIES
+    from anyrope._compat import environment
+
+    takes = {arg for marker in metafunc.definition.iter_markers("kernel_takes") for arg in marker.args}
+    dtype_marker = metafunc.definition.get_closest_marker("dtypes")
+    wanted = set(dtype_marker.args) if dtype_marker is not None else None
+    by_dtype = "dtype" in metafunc.fixturenames and not _parametrized(metafunc, "dtype")
+    by_layout = "layout" in metafunc.fixturenames and not _parametrized(metafunc, "layout")
+    combos: list[tuple[Any, ...]] = []
+    for target in targets:
+        loaded = _load(target)
+        for k in anyrope.kernels():
+            if k.libraries and LIBRARIES[target_ids()[target][0]].namespace not in k.libraries:
+                continue
+            if isinstance(loaded, Backend):  # else the backend's own reason skips it
+                device_type = environment(loaded.xp, loaded.device).device_type
+                if k.devices and device_type not in k.devices:
+                    continue
+                if "gradients" in takes and not (loaded.autograd and k.differentiable):
+                    continue
+            if "inplace" in takes and not k.inplace:
+                continue
+            dtypes: list[Any] = [None]
+            if by_dtype:
+                dtypes = [
+                    d
+                    for d in _dtypes(target)
+                    if (not k.dtypes or d in k.dtypes) and (wanted is None or d in wanted)
+                ]
+            layouts: list[Any] = sorted(k.layouts) if by_layout else [None]
+            combos += [(target, k.name, d, lay) for d in dtypes for lay in layouts]
+    names = ["backend", "kernel", *(["dtype"] if by_dtype else []), *(["layout"] if by_layout else [])]
+    keep = [0, 1, *([2] if by_dtype else []), *([3] if by_layout else [])]
+    return names, [tuple(c[i] for i in keep) for c in combos]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Backends, and with them each compiler (``mode``) and each floating dtype (``dtype``; a
     ``dtypes(...)`` marker narrows them) that backend has."""
     if "backend" not in metafunc.fixturenames:
         return
     targets = _selected(metafunc.config)
-    if "kernel" in metafunc.fixturenames:  # each kernel with the backends it declares
-        import anyrope
-        from anyrope._arrays import LIBRARIES
-
-        pairs = [
-            (t, k.name)
-            for t in targets
-            for k in anyrope.kernels()
-            if not k.libraries or LIBRARIES[target_ids()[t][0]].namespace in k.libraries
-        ]
-        metafunc.parametrize(("backend", "kernel"), pairs, indirect=True, scope="session")
+    if "kernel" in metafunc.fixturenames:  # each kernel with what it declares it takes
+        names, combos = _kernel_combos(metafunc, targets)
+        metafunc.parametrize(names, combos, indirect=["backend", "kernel"], scope="session")
         return
     names, combos = ["backend"], [(t,) for t in targets]
     if "mode" in metafunc.fixturenames:

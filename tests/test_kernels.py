@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import anyrope
-from anyrope._compat import environment
+from anyrope._job import SOURCES, KernelKey
 
 from harness import Backend, assert_close
 
-LAYOUTS = ["half", "interleaved"]
-DTYPES = ["float16", "bfloat16", "float32", "float64"]
 KERNELS = {k.name: k for k in anyrope.kernels()}
 # (x shape, seq_axis, rotary_dim, per-row positions?)
 SHAPES = [
@@ -38,25 +38,12 @@ def _needs_numba() -> None:
 
 @pytest.fixture
 def kernel(request: pytest.FixtureRequest, backend: Backend) -> anyrope.Kernel:
-    """Each kernel, on the backends its declaration names (pairs made by conftest)."""
+    """Each kernel, with the backends, dtypes and layouts its declaration takes (conftest makes
+    the combinations from the declarations); it skips only where a library it needs is missing."""
     found = KERNELS[request.param]
-    device_type = environment(backend.xp, backend.device).device_type
-    if found.devices and device_type not in found.devices:
-        pytest.skip(f"{found.name} runs on {', '.join(sorted(found.devices))}, not {device_type}")
     if not found.available:
         pytest.skip(f"{found.name} needs {', '.join(found.requires)}")
     return found
-
-
-def _declared(
-    kernel: anyrope.Kernel, backend: Backend, *, layout: str | None = None, dtype: str | None = None
-) -> None:
-    if dtype is not None and dtype not in backend.dtypes:
-        pytest.skip(f"{backend.name} has no {dtype}")
-    if dtype is not None and kernel.dtypes and dtype not in kernel.dtypes:
-        pytest.skip(f"{kernel.name} does not take {dtype}")
-    if layout is not None and layout not in kernel.layouts:
-        pytest.skip(f"{kernel.name} does not take the {layout} layout")
 
 
 def _generic() -> contextlib.AbstractContextManager[None]:
@@ -70,8 +57,6 @@ def _positions(backend: Backend, shape: tuple[int, ...], seq_axis: int, per_row:
     return backend.asarray(np.arange(100, 100 + seq))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(("shape", "seq_axis", "rotary_dim", "per_row"), SHAPES)
 def test_kernel_matches_generic(
     backend: Backend,
@@ -83,9 +68,6 @@ def test_kernel_matches_generic(
     rotary_dim: int,
     per_row: bool,
 ) -> None:
-    _declared(kernel, backend, layout=layout, dtype=dtype)
-    if per_row and len(shape) + seq_axis < 1:
-        pytest.skip("per-row positions need a batch axis")
     rope = anyrope.RoPE(shape[-1], rotary_dim=rotary_dim, layout=layout)
     positions = _positions(backend, shape, seq_axis, per_row)
     x = backend.asarray(np.random.default_rng(0).standard_normal(shape), dtype)
@@ -109,12 +91,9 @@ def test_kernel_matches_generic(
         )
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", LAYOUTS)
 def test_kernel_decoding_reproduces_the_full_call(
     backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str
 ) -> None:
-    _declared(kernel, backend, layout=layout, dtype=dtype)
     rope = anyrope.RoPE(32, layout=layout, rotary_dim=24)
     x = backend.asarray(np.random.default_rng(1).standard_normal((2, 3, 40, 32)), dtype)
     with anyrope.use_fast_paths(kernel.name):
@@ -125,14 +104,10 @@ def test_kernel_decoding_reproduces_the_full_call(
 
 
 @pytest.mark.feature("inplace")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.kernel_takes("inplace")
 def test_kernel_inplace_equals_out_of_place(
     backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str
 ) -> None:
-    _declared(kernel, backend, layout=layout, dtype=dtype)
-    if not kernel.inplace:
-        pytest.skip(f"{kernel.name} does not write in place")
     rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
     data = np.random.default_rng(2).standard_normal((2, 3, 7, 16))
     q, k = backend.asarray(data, dtype), backend.asarray(-data, dtype)
@@ -148,28 +123,24 @@ def test_kernel_inplace_equals_out_of_place(
 
 
 @pytest.mark.feature("inplace")
-def test_kernel_apply_into_out(backend: Backend, kernel: anyrope.Kernel) -> None:
-    _declared(kernel, backend, layout="half", dtype="float32")
-    if not kernel.inplace:
-        pytest.skip(f"{kernel.name} does not write in place")
-    rope = anyrope.RoPE(8)
-    x = backend.asarray(np.random.default_rng(3).standard_normal((4, 5, 8)), "float32")
+@pytest.mark.kernel_takes("inplace")
+@pytest.mark.dtypes("float32")
+def test_kernel_apply_into_out(backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str) -> None:
+    rope = anyrope.RoPE(8, layout=layout)
+    x = backend.asarray(np.random.default_rng(3).standard_normal((4, 5, 8)), dtype)
     cos, sin = rope.cos_sin(backend.asarray(np.arange(5)), like=x)
-    out = backend.asarray(np.zeros((4, 5, 8)), "float32")
+    out = backend.asarray(np.zeros((4, 5, 8)), dtype)
     with anyrope.use_fast_paths(kernel.name):
-        result = anyrope.apply(x, cos, sin, out=out)
+        result = anyrope.apply(x, cos, sin, out=out, layout=layout)
         assert result is out
-        np.testing.assert_array_equal(backend.to_numpy(out), backend.to_numpy(anyrope.apply(x, cos, sin)))
+        expected = anyrope.apply(x, cos, sin, layout=layout)
+        np.testing.assert_array_equal(backend.to_numpy(out), backend.to_numpy(expected))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.kernel_takes("gradients")
 def test_kernel_gradients_match_generic(
     backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str
 ) -> None:
-    _declared(kernel, backend, layout=layout, dtype=dtype)
-    if not backend.autograd or not kernel.differentiable:
-        pytest.skip(f"{backend.name} or {kernel.name} has no gradients")
     rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
     rng = np.random.default_rng(4)
     x = backend.asarray(rng.standard_normal((2, 3, 6, 16)), dtype)
@@ -183,14 +154,12 @@ def test_kernel_gradients_match_generic(
 
 # dask computes in worker threads, where np.errstate (thread-local) does not reach
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.dtypes("float16", "bfloat16")
 def test_sixteen_bit_kernels_are_bit_exact(
     backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str
 ) -> None:
     """16-bit values are widened in registers and rounded once: exactly the generic result, for
     infinities, NaNs, subnormals and values at the edge of the range too."""
-    _declared(kernel, backend, layout=layout, dtype=dtype)
     data = np.random.default_rng(5).standard_normal((2, 3, 11, 16)) * 4
     data.flat[:8] = [np.inf, -np.inf, np.nan, 65504.0, -65504.0, 6e-8, -3e-5, 1e-6]
     rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
@@ -315,21 +284,56 @@ def test_a_forced_kernel_says_why_it_cannot_run(backend: Backend) -> None:
         anyrope.RoPE(8, layout="interleaved")(x)
 
 
-def test_registry_declarations() -> None:
-    """The generic kernel is last and takes everything; every other one is narrower."""
+KEYS = st.builds(
+    KernelKey,
+    library=st.sampled_from(["numpy", "torch", "jax.numpy", "mlx", "cupy", "dask.array", "array_api_strict"]),
+    device=st.sampled_from(["cpu", "cuda", "gpu", "mps"]),
+    dtype=st.sampled_from(["float16", "bfloat16", "float32", "float64"]),
+    layout=st.sampled_from(["half", "interleaved"]),
+    inplace=st.booleans(),
+    traced=st.booleans(),
+    grad=st.booleans(),
+    source=st.sampled_from(SOURCES),
+    device_frequencies=st.booleans(),
+    float64=st.booleans(),
+    unsigned64=st.booleans(),
+    strided_out=st.booleans(),
+    table_grad=st.booleans(),
+)
+
+
+@given(key=KEYS)
+def test_selection_always_finds_a_kernel_and_says_why_others_refuse(key: KernelKey) -> None:
+    """The generic kernel takes every key; every other kernel takes a key exactly when it gives
+    no reason not to, and the reason names a field of the key it does not take."""
     every = anyrope.kernels()
-    generic = every[-1]
-    assert generic.name == "generic"
-    assert not generic.libraries
-    assert not generic.devices
-    assert not generic.dtypes
-    assert generic.inplace
-    assert generic.traceable
-    assert generic.differentiable
-    assert len({k.name for k in every}) == len(every)
+    assert every[-1].name == "generic"
+    assert every[-1].takes(key)
     for k in every[:-1]:
-        assert k.libraries, f"{k.name} must say which libraries it takes"
-        assert k.summary
+        why = k.why_not(key)
+        assert k.takes(key) == (why is None)
+        if why is not None:
+            assert why.startswith(
+                ("library", "device", "dtype", "layout", "positions from", "no ", "it needs", "needs")
+            )
+
+
+def test_a_forced_kernel_refuses_before_any_work(backend: Backend) -> None:
+    """use_fast_paths(name) chooses every array's kernel first: a k it cannot take (a strided
+    destination, here) raises before q, which it could take, is written."""
+    numba = KERNELS["numba"]
+    if backend.name not in ("numpy", "torch") or not numba.available:
+        pytest.skip("the numba kernel takes NumPy arrays and CPU torch tensors, with numba installed")
+    q = backend.asarray(np.ones((2, 4, 8)), "float32")
+    k = backend.asarray(np.ones((2, 8, 4)), "float32")
+    k = k.transpose(0, 2, 1) if backend.name == "numpy" else k.transpose(1, 2)  # strided: (2, 4, 8)
+    before = backend.to_numpy(q).copy()
+    with (
+        pytest.raises(ValueError, match="kernel 'numba' cannot rotate k here: no strided destination"),
+        anyrope.use_fast_paths("numba"),
+    ):
+        anyrope.RoPE(8)(q, k, offset=5, inplace=True)
+    np.testing.assert_array_equal(backend.to_numpy(q), before)
 
 
 def test_threads_under_numbas_workqueue_layer() -> None:

@@ -234,14 +234,31 @@ def test_inverse_undoes(backend: Backend, layout: str) -> None:
     assert_close(backend, anyrope.apply(x, cos, sin, layout=layout, inverse=True), expected, dtype)
 
 
+def _pair_norms(x: Any, layout: str, rotary_dim: int) -> Any:
+    half = rotary_dim // 2
+    if layout == "half":
+        a, b = x[..., :half], x[..., half:rotary_dim]
+    else:
+        a, b = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+    return np.hypot(a, b)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_norms_preserved(backend: Backend, layout: str) -> None:
-    rope = anyrope.RoPE(32, layout=layout)
+@given(offset=st.integers(-(2**40), 2**40), rotary_dim=st.sampled_from([2, 12, 32]))
+def test_every_pair_keeps_its_norm(backend: Backend, layout: str, offset: int, rotary_dim: int) -> None:
+    """A rotation turns each pair in its plane: every pair's norm is kept (not just the head's,
+    which a swap of features would keep too), at any position, and the features past
+    rotary_dim pass through bit for bit."""
+    rope = anyrope.RoPE(32, layout=layout, rotary_dim=rotary_dim)
     dtype = "float64" if "float64" in backend.dtypes else "float32"
-    x_np = _rounded(backend, _x((4, 50, 32)), dtype)
-    out = backend.to_numpy(rope(backend.asarray(x_np, dtype), offset=1000))
-    rtol = 1e-12 if dtype == "float64" else 1e-6
-    np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(x_np, axis=-1), rtol=rtol)
+    x_np = _rounded(backend, _x((4, 5, 32)), dtype)
+    out = backend.to_numpy(rope(backend.asarray(x_np, dtype), offset=offset))
+    # float32: one rounding of each of the two products and the sum, relative to the pair's norm
+    rtol = 1e-12 if dtype == "float64" else 2e-6
+    np.testing.assert_allclose(
+        _pair_norms(out, layout, rotary_dim), _pair_norms(x_np, layout, rotary_dim), rtol=rtol
+    )
+    np.testing.assert_array_equal(out[..., rotary_dim:], x_np[..., rotary_dim:])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
