@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _dask
-from ._checks import check_head_dim, check_input, check_out, check_tables, check_writable, normalize_seq_axis
+from ._checks import check_input, check_out, check_tables, check_writable, normalize_seq_axis
 from ._compat import is_array
 from ._context import CallContext, call_context, inspect_call, make_context
 from ._dtypes import compute_dtype, isdtype
@@ -43,31 +43,37 @@ class CallPlan:
 _plans: Memo[CallPlan] = Memo()
 
 
-def _signature(library: str, x: Any) -> tuple[Any, ...] | None:
-    if library == "numpy":
-        return (x.dtype, x.ndim)
-    if library == "torch":
-        return (x.dtype, x.ndim, x.device, x.layout)
-    return None  # plans for other libraries are made per call
+_SIGNED = frozenset({"numpy", "torch"})  # plans for other libraries are made per call
 
 
 def call_plan(
-    arrays: list[tuple[str, Any]], extra: list[tuple[str, Any]], *, seq_axis: Any, layout: Any, inplace: bool
+    arrays: list[tuple[str, Any]],
+    extra: list[tuple[str, Any]],
+    *,
+    seq_axis: Any,
+    layout: Any,
+    inplace: bool,
+    head_dim: int,
 ) -> CallPlan:
     """The plan for these arrays (``extra``: position arrays, of the same library), from ranks,
-    dtypes and devices only. The memo's key holds everything the checks read, the type of
-    ``seq_axis`` included, so no call skips a check it would fail."""
-    xp, library, traced, grad = inspect_call(arrays[0], (*arrays[1:], *extra), tuple(x for _, x in arrays))
+    dtypes, devices and widths only. The memo's key holds everything the checks read, the type
+    of ``seq_axis`` included, so no call skips a check it would fail."""
+    # grad from every array: positions and offsets are integers, which never require grad
+    xp, library, traced, grad = inspect_call(arrays[0], (*arrays[1:], *extra), None, all_arrays=True)
     key = None
-    if not traced:
-        signatures = tuple(_signature(library, x) for _, x in arrays)
-        if None not in signatures:
-            key = (library, *signatures, len(arrays), type(seq_axis), seq_axis, layout, inplace, grad)
-            found = _plans.find(key)
-            if found is not None:
-                return found
+    if not traced and library in _SIGNED:
+        signature: tuple[Any, ...] = (library, type(seq_axis), seq_axis, layout, inplace, grad, head_dim)
+        for _, x in arrays:
+            if library == "numpy":
+                signature += (x.dtype, x.ndim, x.shape[-1])
+            else:
+                signature += (x.dtype, x.ndim, x.shape[-1], x.device, x.layout)
+        key = signature
+        found = _plans.find(key)
+        if found is not None:
+            return found
     for arg, x in arrays:
-        check_input(xp, x, arg=arg)
+        check_input(xp, x, arg=arg, head_dim=head_dim)
     first = arrays[0][1]
     if len(arrays) == 2 and library == "torch" and arrays[1][1].device != first.device:
         raise ValueError(f"q is on {first.device} but k is on {arrays[1][1].device}; move them to one device")
@@ -98,11 +104,10 @@ def rope_call(
     """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=...)``."""
     arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
     plan = call_plan(
-        arrays, _arrays_given(positions, offset), seq_axis=seq_axis, layout=rotary.layout, inplace=inplace
-    )
+        arrays, _arrays_given(positions, offset), seq_axis=seq_axis, layout=rotary.layout, inplace=inplace,
+        head_dim=rotary.head_dim,
+    )  # fmt: skip
     ctx = plan.ctx
-    for arg, x in arrays:
-        check_head_dim(x, arg, rotary.head_dim)
     spec = position_spec(
         ctx.xp, ctx.env, positions, offset, ctx.device, traced=ctx.traced, streams=rotary.streams
     )
@@ -110,8 +115,11 @@ def rope_call(
         spec.check(x, arg, axis)
     if inplace:
         check_writable(ctx.xp, arrays, traced=ctx.traced)
-    axes = [axis for _, axis, _, _ in plan.arrays]
-    seq = q.shape[axes[0]] if k is None else max(q.shape[axes[0]], k.shape[axes[1]])
+    seq = (
+        q.shape[plan.arrays[0][1]]
+        if k is None
+        else max(q.shape[plan.arrays[0][1]], k.shape[plan.arrays[1][1]])
+    )
     source = PositionTables(rotary, ctx, spec, seq)
     sources: list[Any] = [source] * len(arrays)
     if rotary.xpos_scale_base is not None:
@@ -144,7 +152,7 @@ def _run(jobs: list[Job]) -> list[Any]:
     switch = current_switch(jobs[0].ctx.traced)
     if jobs[0].ctx.library == "dask.array" and switch is not False:
         return [_dask.rotate(job, switch) for job in jobs]  # chunk by chunk, through this path
-    return run(jobs)
+    return run(jobs, switch)
 
 
 def apply(

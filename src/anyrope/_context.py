@@ -17,22 +17,16 @@ TRACEABLE = frozenset({"torch", "jax.numpy"})
 
 @dataclass(frozen=True, eq=False)
 class CallContext:
-    """``xp``: the array-API namespace; ``env``: what the device offers (its ``device`` is the
-    call's device); ``traced``: a compiler is tracing (nothing may read a value or a memo);
-    ``grad``: autograd records the call."""
+    """``xp``: the array-API namespace; ``env``: what the device offers; ``traced``: a compiler
+    is tracing (nothing may read a value or a memo); ``grad``: autograd records the call;
+    ``library`` and ``device``: the environment's, kept as fields (read on every call)."""
 
     xp: Any
     env: Environment
     traced: bool
     grad: bool
-
-    @property
-    def library(self) -> str:
-        return self.env.library
-
-    @property
-    def device(self) -> Any:
-        return self.env.device
+    library: str
+    device: Any
 
 
 def call_context(
@@ -46,20 +40,30 @@ def call_context(
 
 
 def inspect_call(
-    anchor: tuple[str, Any], others: tuple[tuple[str, Any], ...], grad_of: tuple[Any, ...] | None
+    anchor: tuple[str, Any],
+    others: tuple[tuple[str, Any], ...],
+    grad_of: tuple[Any, ...] | None,
+    *,
+    all_arrays: bool = False,
 ) -> tuple[Any, str, bool, bool]:
-    """(namespace, library name, traced, grad) of a call: what comes before any memo."""
-    arrays = [(arg, value) for arg, value in others if value is not None and is_array(value)]
+    """(namespace, library name, traced, grad) of a call: what comes before any memo.
+    ``all_arrays``: the others are known to be arrays (not None, ints or lists)."""
+    arrays = (
+        others if all_arrays else tuple(item for item in others if item[1] is not None and is_array(item[1]))
+    )
     xp, library = namespace_and_library(anchor, *arrays)
+    if library not in TRACEABLE:  # the common NumPy case, in a few steps
+        return xp, library, False, False
     values = (anchor[1], *(value for _, value in arrays))
-    traced = library in TRACEABLE and is_traced(xp, *values)
+    traced = is_traced(xp, *values)
     grad = library == "torch" and needs_grad(values if grad_of is None else grad_of)
     return xp, library, traced, grad
 
 
 def make_context(xp: Any, anchor: Any, traced: bool, grad: bool) -> CallContext:
     """The context of a call whose device is ``anchor``'s."""
-    return CallContext(xp, environment(xp, device_of(xp, anchor), traced=traced), traced, grad)
+    env = environment(xp, device_of(xp, anchor), traced=traced)
+    return CallContext(xp, env, traced, grad, env.library, env.device)
 
 
 def needs_grad(arrays: tuple[Any, ...]) -> bool:

@@ -25,7 +25,7 @@ from ._context import call_context
 from ._dtypes import compute_dtype
 from ._job import Job, make_job
 from ._positions import MultiAxis, position_spec
-from ._registry import Switch, run, use_fast_paths
+from ._registry import Switch, run
 from ._rotary import Rotary
 from ._tables import GivenTables, PositionTables, XPosTables
 
@@ -154,8 +154,7 @@ def _rotate_block(
         ctx, block, arg="x", seq_axis=seq_axis, layout=layout, inverse=inverse, out=None, source=source,
         compute=compute_dtype(xp, block.dtype),
     )  # fmt: skip
-    with use_fast_paths(switch):
-        return run([job])[0]
+    return run([job], switch)[0]
 
 
 def _apply_block(
@@ -170,5 +169,4 @@ def _apply_block(
         ctx, block, arg="x", seq_axis=seq_axis, layout=layout, inverse=inverse, out=None,
         source=GivenTables(cos, sin, grad=False), compute=compute,
     )  # fmt: skip
-    with use_fast_paths(switch):
-        return run([job])[0]
+    return run([job], switch)[0]

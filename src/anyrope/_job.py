@@ -107,7 +107,7 @@ def make_job(
     if prefix is None:
         prefix = key_prefix(ctx, x.dtype, layout, out is not None)
     env = ctx.env
-    key = KernelKey._make((
+    key: KernelKey = tuple.__new__(KernelKey, (  # a NamedTuple's own _make, without its Python frame
         *prefix, source.kind, source.device_frequencies, env.float64 and env.index_bits == 64,
         source.unsigned64, out is not None and not is_c_contiguous(ctx.xp, out), source.table_grad,
     ))  # fmt: skip

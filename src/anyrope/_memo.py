@@ -22,15 +22,14 @@ class Memo(Generic[V]):
     least-recently-used order would cost more than it saves). Safe under threads: a lost race
     builds a value twice and every caller gets the first one kept."""
 
-    __slots__ = ("_values", "limit")
+    __slots__ = ("_values", "find", "limit")
 
     def __init__(self, limit: int = 256) -> None:
         self._values: dict[Any, V] = {}
         self.limit = limit
-
-    def find(self, key: Any) -> V | None:
-        """The value kept for ``key``, or None."""
-        return self._values.get(key)
+        #: ``find(key)``: the value kept for ``key``, or None. The dict's own ``get`` (the dict is
+        #: only ever cleared, never replaced): a lookup on the decode path costs no Python call.
+        self.find: Callable[[Any], V | None] = self._values.get
 
     def keep(self, key: Any, value: V) -> V:
         """Keep ``value`` for ``key`` and return it."""
@@ -42,7 +41,7 @@ class Memo(Generic[V]):
         """The value for ``key``, built (and kept) if missing; built afresh, never kept, while traced."""
         if traced:
             return build()
-        found = self._values.get(key)
+        found = self.find(key)
         return self.keep(key, build()) if found is None else found
 
     def clear(self) -> None:

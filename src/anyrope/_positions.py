@@ -44,10 +44,9 @@ class PositionSpec:
         """The positions as a (rows, seq) int64 NumPy array where they are known on the host, else None."""
         return None
 
-    def unsigned64(self, xp: Any) -> bool:
-        """Whether the positions were given as 64-bit unsigned integers (their wrap-around is the
-        generic path's alone)."""
-        return False
+    #: whether the positions were given as 64-bit unsigned integers (their wrap-around is the
+    #: generic path's alone)
+    unsigned64: bool = False
 
     def host_range(self, seq: int) -> tuple[int, int] | None:
         """(smallest, largest) position over ``seq`` tokens where known on the host, else None."""
@@ -84,28 +83,29 @@ class Given:
     """Integers a call was given: an array of the call's library, or Python ints, which become a
     device array only when one is needed (a CPU kernel reads the host copy directly)."""
 
-    __slots__ = ("_array", "_make", "_range", "known", "shape")
+    __slots__ = ("_array", "_make", "_range", "known", "ndim", "shape", "unsigned64")
 
     def __init__(
-        self, array: Any, known: Any, *, make: Any = None, shape: Any = None, span: Any = None
+        self,
+        array: Any,
+        known: Any,
+        *,
+        make: Any = None,
+        shape: Any = None,
+        span: Any = None,
+        unsigned64: bool = False,
     ) -> None:
         self._array, self._make, self.known = array, make, known
         self.shape = tuple(array.shape) if array is not None else shape
+        self.ndim = len(self.shape)
         self._range: tuple[int, int] | None = span
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
+        self.unsigned64 = unsigned64  # a 64-bit unsigned array (Python ints become signed arrays)
 
     def array(self) -> Any:
         """The integers as a device array of the call's library."""
         if self._array is None:
             self._array = self._make()
         return self._array
-
-    def unsigned64(self, xp: Any) -> bool:
-        """Whether they are a 64-bit unsigned array (Python ints become the signed index dtype)."""
-        return self._array is not None and int_info(xp, self._array.dtype) == (64, False)
 
     def span(self) -> tuple[int, int] | None:
         """(smallest, largest) where known on the host and not empty, else None."""
@@ -121,15 +121,12 @@ class ArrayOffset(PositionSpec):
     """Positions ``start[b], start[b] + 1, ...``: ``start`` 0-d (one offset, perhaps traced) or
     (batch,) (one per row)."""
 
-    __slots__ = ("ndim", "rows", "start")
+    __slots__ = ("ndim", "rows", "start", "unsigned64")
 
     def __init__(self, start: Given) -> None:
-        self.start = start
+        self.start, self.unsigned64 = start, start.unsigned64
         self.ndim = 1 if start.ndim == 0 else 2
         self.rows = 1 if start.ndim == 0 else start.shape[0]
-
-    def unsigned64(self, xp: Any) -> bool:
-        return self.start.unsigned64(xp)
 
     def check(self, x: Any, arg: str, axis: int) -> None:
         if self.start.ndim == 1:
@@ -166,15 +163,12 @@ class ArrayOffset(PositionSpec):
 class Positions(PositionSpec):
     """Explicit positions, shape (seq,) or (batch, seq) (any shape for :meth:`RoPE.cos_sin`)."""
 
-    __slots__ = ("ndim", "rows", "values")
+    __slots__ = ("ndim", "rows", "unsigned64", "values")
 
     def __init__(self, values: Given) -> None:
-        self.values = values
+        self.values, self.unsigned64 = values, values.unsigned64
         self.ndim = values.ndim
         self.rows = values.shape[0] if values.ndim == 2 else 1
-
-    def unsigned64(self, xp: Any) -> bool:
-        return self.values.unsigned64(xp)
 
     def check(self, x: Any, arg: str, axis: int) -> None:
         _check_positions(self.values.shape, x, arg, axis)
@@ -197,15 +191,12 @@ class MultiAxis(PositionSpec):
     (streams, batch, seq), or (streams, ...) for :meth:`RoPE.cos_sin`. Tables come per stream
     (:mod:`._sections`); the host view serves the choice of frequencies only, never a row lookup."""
 
-    __slots__ = ("ndim", "rows", "values")
+    __slots__ = ("ndim", "rows", "unsigned64", "values")
 
     def __init__(self, values: Given) -> None:
-        self.values = values
+        self.values, self.unsigned64 = values, values.unsigned64
         self.ndim = values.ndim - 1
         self.rows = values.shape[1] if values.ndim == 3 else 1
-
-    def unsigned64(self, xp: Any) -> bool:
-        return self.values.unsigned64(xp)
 
     def check(self, x: Any, arg: str, axis: int) -> None:
         _check_positions(self.values.shape[1:], x, arg, axis)
@@ -332,7 +323,9 @@ def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced:
                 f"{arg} must be an integer array, got dtype {value.dtype}; positions count tokens, "
                 "so cast them to an integer dtype (fractional positions come from scaling=, not from here)"
             )
-        return Given(value, host_array(xp, value, traced))
+        return Given(
+            value, host_array(xp, value, traced), unsigned64=int_info(xp, value.dtype) == (64, False)
+        )
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{arg} must be an integer array or a sequence of ints, not {type(value).__name__}")
     if not traced and all(type(v) is int for v in value):  # one int per row: the common case, quickly

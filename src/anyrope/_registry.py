@@ -109,15 +109,19 @@ def candidates(key: KernelKey, switch: Switch) -> tuple[Kernel, ...]:
 def choose(job: Job, switch: Switch) -> Kernel:
     """The kernel that runs ``job``: the first that takes it, or ValueError where the kernel the
     switch names does not (the generic kernel takes every job)."""
-    found = candidates(job.key, switch)
+    found = _candidates.find((job.key, switch)) or candidates(job.key, switch)
     if found:
         return found[0]
     forced = _allowed(switch)[0]
     raise ValueError(f"kernel {forced.name!r} cannot rotate {job.arg} here: {forced.why_not(job.key)}")
 
 
-def run(jobs: list[Job]) -> list[Any]:
-    """Run each job through its kernel, every kernel chosen before any runs."""
-    switch = current_switch(jobs[0].ctx.traced)
-    chosen = [choose(job, switch) for job in jobs]
-    return [kernel.run(job) for kernel, job in zip(chosen, jobs, strict=True)]
+def run(jobs: list[Job], switch: Switch) -> list[Any]:
+    """Run each job through its kernel (chosen under ``switch``), every kernel chosen before any runs."""
+    chosen = []
+    for job in jobs:
+        chosen.append(choose(job, switch))
+    results = []
+    for kernel, job in zip(chosen, jobs, strict=True):
+        results.append(kernel.run(job))
+    return results

@@ -69,7 +69,7 @@ class PositionTables:
         self.host = None if ctx.traced else spec.host_range(seq)  # over the longest array
         self.freqs = rotary.spectrum.for_call(None if self.host is None else self.host[1] + 1)
         self.device_frequencies = isinstance(self.freqs, LengthSwitch)
-        self.unsigned64 = spec.unsigned64(ctx.xp)
+        self.unsigned64 = spec.unsigned64
         # whether the tables are rows of the plain spectrum's table (cached per position)
         self.plain = not isinstance(spec, MultiAxis) and rotary.plain_order
         self._memo: dict[tuple[int, Any], tuple[Any, Any]] = {}
@@ -149,7 +149,9 @@ class PositionTables:
     def _cached(self, freqs: PairFrequencies, seq: int, dtype: Any) -> tuple[Any, Any] | None:
         """The cached prefix table covering this call's positions, where they are known on the
         host, not negative, and rows of the plain spectrum serve them."""
-        host = None if self.ctx.traced or not self.plain else self.spec.host_range(seq)
+        if self.ctx.traced or not self.plain:
+            return None
+        host = self.host if seq == self.seq else self.spec.host_range(seq)
         if host is None or host[0] < 0:
             return None
         return prefix_tables(self.rotary, self.ctx, freqs, host[1] + 1, dtype)

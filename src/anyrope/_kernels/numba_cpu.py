@@ -17,12 +17,11 @@ from .._job import Job
 from .._pairs import five_axes
 from . import _numba
 
-__all__ = ["run", "storage"]
+__all__ = ["run"]
 
 
-def storage(name: str) -> str:
-    """How the kernel takes x of a declared dtype: "float" as is, or 16-bit types as int16 bits."""
-    return name if name in ("float16", "bfloat16") else "float"
+# How the kernel takes x of a declared dtype: 16-bit types as int16 bits, the others ("float") as is.
+_STORAGE = {"float16": "float16", "bfloat16": "bfloat16"}
 
 
 def _is_numpy(x: Any) -> bool:
@@ -53,10 +52,10 @@ def _rows_of(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
 
 def run(job: Job) -> Any:
     x = job.x
-    found = job.lookup()
+    found = job.source.lookup(x.shape[job.seq_axis], job.compute)
     cos, sin, rows = found if found is not None else _rows_of(job.ctx.xp, *job.tables())
     out = job.out  # C-contiguous where given (declared), and tables in the compute dtype
-    kind = storage(job.key.dtype)
+    kind = _STORAGE.get(job.key.dtype, "float")
     if job.ctx.grad:
         return _autograd().apply(x, cos, sin, rows, kind, job.layout, job.inverse, job.seq_axis)
     return _rotate(x, cos, sin, rows, out, kind, job.layout, job.inverse, job.seq_axis)
@@ -67,16 +66,21 @@ def _rotate(
 ) -> Any:
     import numpy as np
 
-    table_cos, table_sin = _table_view(cos), _table_view(sin)
+    numpy = type(x).__module__ == "numpy"  # else a CPU torch tensor, and so are the tables
+    if numpy:
+        table_cos, table_sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
+        host = x.view(np.int16) if x.dtype.itemsize == 2 else x  # float16: NumPy's only 16-bit float
+    else:
+        table_cos, table_sin, host = _table_view(cos), _table_view(sin), host_view(x)
     key = (x.shape, seq_axis, rows.shape[0] > 1, table_sin.dtype, kind, layout, inverse)
     launch = _launches.get(key)
     if launch is None:
         launch = _launch(key)
     shape5, kernel, sign = launch
-    source = np.ascontiguousarray(host_view(x)).reshape(shape5)
+    source = np.ascontiguousarray(host).reshape(shape5)
     if out is None:  # a fresh NumPy buffer (wrapped for torch: a third of new_empty's cost)
         buffer = np.empty(x.shape, dtype=source.dtype)
-        target, separate, out = buffer.reshape(shape5), True, _wrap(x, buffer)
+        target, separate, out = buffer.reshape(shape5), True, _wrap(x, buffer, numpy)
     else:
         target = host_view(out).reshape(shape5)
         separate = not np.shares_memory(source, target)
@@ -107,9 +111,9 @@ def _int16() -> Any:
     return np.int16
 
 
-def _wrap(x: Any, buffer: Any) -> Any:
-    """The kernel's output buffer as x's kind of array, shape and dtype."""
-    if _is_numpy(x):
+def _wrap(x: Any, buffer: Any, numpy: bool) -> Any:
+    """The kernel's output buffer as x's kind of array (``numpy``: a NumPy array), shape and dtype."""
+    if numpy:
         return buffer if buffer.dtype == x.dtype else buffer.view(x.dtype)
     import torch
 
