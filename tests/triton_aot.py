@@ -14,6 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from anyrope._angles import SPLIT_BITS
 from anyrope._kernel_angles import OFFSET, POSITIONS, STARTS, TABLES
 from anyrope._kernels import _triton
 
@@ -51,7 +52,7 @@ def main() -> int:
         constants = {
             "PAIRS": 48, "PAIRS_P2": 64, "TAIL_P2": 32, "MODE": mode, "MULTI": multi, "HALF": half,
             "INVERSE": mode == TABLES, "SCALED": mode != TABLES, "COPY_TAIL": True,
-            "WIDE": dtype == "float64", "BF16": dtype == "bfloat16", "MASK": _triton._MASK,
+            "WIDE": dtype == "float64", "BF16": dtype == "bfloat16", "SPLIT": SPLIT_BITS, "MASK": (1 << SPLIT_BITS) - 1,
             "BLOCK_S": 32, "HEADS": 8,
         }  # fmt: skip
         source = ASTSource(

@@ -151,7 +151,7 @@ def rope_call(
 def _run(jobs: list[Job]) -> list[Any]:
     switch = current_switch(jobs[0].ctx.traced)
     if jobs[0].ctx.library == "dask.array" and switch is not False:
-        return [_dask.rotate(job, switch) for job in jobs]  # chunk by chunk, through this path
+        return [_dask.rotate_chunks(job, switch) for job in jobs]  # chunk by chunk, through this path
     return run(jobs, switch)
 
 

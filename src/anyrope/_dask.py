@@ -29,10 +29,10 @@ from ._registry import Switch, run
 from ._rotary import Rotary
 from ._tables import GivenTables, PositionTables, XPosTables
 
-__all__ = ["rotate"]
+__all__ = ["rotate_chunks"]
 
 
-def rotate(job: Job, switch: Switch) -> Any:
+def rotate_chunks(job: Job, switch: Switch) -> Any:
     """``job``'s dask array rotated lazily, chunk by chunk."""
     x, seq_axis = job.x, job.seq_axis
     unknown = [axis for axis, sizes in enumerate(x.chunks) if any(math.isnan(size) for size in sizes)]

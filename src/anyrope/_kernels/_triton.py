@@ -30,7 +30,7 @@ from .._angles import SPLIT_BITS
 from .._kernel_angles import POSITIONS, STARTS, TABLES, KernelAngles
 from .._pairs import five_axes
 
-__all__ = ["rotate"]
+__all__ = ["call_ops"]
 
 HALF, INVERSE, SCALED = 1, 2, 4  # flags of a call
 
@@ -66,7 +66,7 @@ def _rotate_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton
     si_stream, si_row, si_seq, sc_row, sc_seq,
     PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr, TAIL_P2: tl.constexpr, MODE: tl.constexpr,
     MULTI: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr, SCALED: tl.constexpr,
-    COPY_TAIL: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr, SPLIT: tl.constexpr,
+    COPY_TAIL: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr, SPLIT: tl.constexpr, MASK: tl.constexpr,
     BLOCK_S: tl.constexpr, HEADS: tl.constexpr,
 ):  # fmt: skip
     COMPUTE: tl.constexpr = tl.float64 if WIDE else tl.float32
@@ -103,7 +103,6 @@ def _rotate_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton
         f0 = tl.load(steps_ptr + j, mask=j_ok, other=0.0)[None, :]
         f1 = tl.load(steps_ptr + PAIRS + j, mask=j_ok, other=0.0)[None, :]
         f2 = tl.load(steps_ptr + 2 * PAIRS + j, mask=j_ok, other=0.0)[None, :]
-        MASK: tl.constexpr = (1 << SPLIT) - 1
         low = (magnitude & MASK).to(tl.float64) * f0
         high = magnitude >> SPLIT
         low = (high & MASK).to(tl.float64) * f1 + low
@@ -200,7 +199,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles) -> None:
             MODE=mode, MULTI=angles.streams is not None, HALF=bool(flags & HALF),
             INVERSE=bool(flags & INVERSE), SCALED=bool(flags & SCALED),
             COPY_TAIL=out.data_ptr() != x.data_ptr() and width > 2 * pairs,
-            WIDE=x.dtype == torch.float64, BF16=x.dtype == torch.bfloat16, SPLIT=SPLIT_BITS,
+            WIDE=x.dtype == torch.float64, BF16=x.dtype == torch.bfloat16, SPLIT=SPLIT_BITS, MASK=(1 << SPLIT_BITS) - 1,
             BLOCK_S=block_s, HEADS=group, enable_fp_fusion=False,
         )  # fmt: skip
 
@@ -273,7 +272,7 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 torch.library.register_autograd("anyrope::rotate", _backward, setup_context=_setup_backward)
 
 
-def rotate(job: Any, fused: KernelAngles) -> Any:
+def call_ops(job: Any, fused: KernelAngles) -> Any:
     """Run ``job`` through the ops: out of place, in place, or into ``job.out``."""
     flags = (HALF if job.layout == "half" else 0) | (INVERSE if job.inverse else 0)
     flags |= SCALED if fused.scaled else 0

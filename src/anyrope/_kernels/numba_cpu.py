@@ -58,10 +58,10 @@ def run(job: Job) -> Any:
     kind = _STORAGE.get(job.key.dtype, "float")
     if job.ctx.grad:
         return _autograd().apply(x, cos, sin, rows, kind, job.layout, job.inverse, job.seq_axis)
-    return _rotate(x, cos, sin, rows, out, kind, job.layout, job.inverse, job.seq_axis)
+    return _run_kernel(x, cos, sin, rows, out, kind, job.layout, job.inverse, job.seq_axis)
 
 
-def _rotate(
+def _run_kernel(
     x: Any, cos: Any, sin: Any, rows: Any, out: Any, kind: str, layout: str, inverse: bool, seq_axis: int
 ) -> Any:
     import numpy as np
@@ -162,7 +162,7 @@ def _autograd() -> Any:
                     inverse,
                     seq_axis,
                 )
-                return _rotate(x.contiguous(), cos, sin, rows, None, kind, layout, inverse, seq_axis)
+                return _run_kernel(x.contiguous(), cos, sin, rows, None, kind, layout, inverse, seq_axis)
 
             @staticmethod
             def backward(ctx: Any, grad: Any) -> Any:

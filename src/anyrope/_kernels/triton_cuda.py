@@ -20,4 +20,4 @@ DEVICES = frozenset({"cuda", "cpu"} if os.environ.get("TRITON_INTERPRET") == "1"
 def run(job: Job) -> Any:
     from . import _triton  # imports triton, an optional library: on first use
 
-    return _triton.rotate(job, job.source.kernel_angles(job.x, job.seq_axis))
+    return _triton.call_ops(job, job.source.kernel_angles(job.x, job.seq_axis))
