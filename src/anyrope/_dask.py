@@ -25,7 +25,7 @@ from ._context import call_context
 from ._dtypes import compute_dtype
 from ._job import Job, make_job
 from ._positions import MultiAxis, position_spec
-from ._registry import Switch, run
+from ._registry import Switch, choose, run
 from ._rotary import Rotary
 from ._tables import GivenTables, PositionTables, XPosTables
 
@@ -33,7 +33,10 @@ __all__ = ["rotate_chunks"]
 
 
 def rotate_chunks(job: Job, switch: Switch) -> Any:
-    """``job``'s dask array rotated lazily, chunk by chunk."""
+    """``job``'s dask array rotated lazily, chunk by chunk; a kernel the switch names must take
+    the chunks, which is asked now, before the graph is built."""
+    if switch is not True:
+        choose(_chunk_job(job), switch)
     x, seq_axis = job.x, job.seq_axis
     unknown = [axis for axis, sizes in enumerate(x.chunks) if any(math.isnan(size) for size in sizes)]
     if unknown:
@@ -52,6 +55,32 @@ def rotate_chunks(job: Job, switch: Switch) -> Any:
     else:
         out = _with_positions(job, work, at, axes, source, None, switch)
     return out if work is x else out.rechunk(x.chunks)
+
+
+def _chunk_job(job: Job) -> Job:
+    """A job like each chunk's: x's meta array (an empty array of the chunks' library) with the
+    positions a block gets, explicit ones at fixed frequencies, or the caller's tables."""
+    meta = job.x._meta
+    ctx = call_context(("x", meta))
+    source: Any = job.source
+    if not isinstance(source, (GivenTables, XPosTables)):
+        kind = "multi-axis" if source.kind == "multi-axis" else "positions"
+        source = _ChunkPositions(kind, source.unsigned64)
+    return make_job(
+        ctx, meta, arg=job.arg, seq_axis=job.seq_axis, layout=job.layout, inverse=job.inverse, out=None,
+        source=source, compute=compute_dtype(ctx.xp, meta.dtype),
+    )  # fmt: skip
+
+
+class _ChunkPositions:
+    """What a block's positions are, for its kernel key: explicit, at frequencies fixed for the
+    whole call (a length-dependent scaling's length is taken over every block first)."""
+
+    device_frequencies = False
+    table_grad = False
+
+    def __init__(self, kind: str, unsigned64: bool) -> None:
+        self.kind, self.unsigned64 = kind, unsigned64
 
 
 def _aligned(work: Any, table: Any, at: int, rows: int, axes: tuple[int, ...]) -> tuple[Any, Any]:
