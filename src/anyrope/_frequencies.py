@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .scaling import Scaling
@@ -75,10 +76,20 @@ class Spectrum:
         return self.scaling.length_dependent and self.fixed is None
 
     def _compute(self, seq_len: int | None) -> Frequencies:
-        inv_freq, scale = self.scaling.frequencies(
-            self.rotary_dim, self.theta, seq_len=seq_len, max_position=self.max_position
-        )
-        return Frequencies(tuple(float(f) for f in inv_freq), float(scale))
+        try:
+            inv_freq, scale = self.scaling.frequencies(
+                self.rotary_dim, self.theta, seq_len=seq_len, max_position=self.max_position
+            )
+        except OverflowError:  # float ** float past float's range (NTK with a huge factor, say)
+            inv_freq, scale = (math.inf,), 1.0
+        freqs = Frequencies(tuple(float(f) for f in inv_freq), float(scale))
+        # Each value was checked alone; together they may still leave float's range.
+        if not all(0 <= f < math.inf for f in (*freqs.inv_freq, freqs.scale)) or not freqs.scale > 0:
+            raise ValueError(
+                f"base={self.theta!r} with scaling={self.scaling!r} gives frequencies or an attention "
+                "factor outside float's finite range; choose a smaller factor or base"
+            )
+        return freqs
 
     def at(self, seq_len: int | None) -> Frequencies:
         """Frequencies for a sequence length; the same object for every length that shares them."""
