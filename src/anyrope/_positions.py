@@ -16,7 +16,16 @@ from typing import Any
 from ._compat import Environment, host_array, is_array
 from ._dtypes import int_info, isdtype
 
-__all__ = ["ArrayOffset", "Given", "MultiAxis", "Offset", "PositionSpec", "Positions", "position_spec"]
+__all__ = [
+    "ArrayOffset",
+    "Given",
+    "MultiAxis",
+    "Offset",
+    "PositionSpec",
+    "Positions",
+    "check_shift",
+    "position_spec",
+]
 
 
 class PositionSpec:
@@ -52,23 +61,34 @@ class PositionSpec:
 
 
 class Offset(PositionSpec):
-    """Positions ``start, start + 1, ...`` for every row, ``start`` a Python int."""
+    """Positions ``start, start + 1, ...`` for every row, ``start`` a Python int; ``limit``, the
+    largest position the index dtype holds, where ``start`` is known (not a symbol of a trace)."""
 
-    __slots__ = ("start",)
+    __slots__ = ("limit", "start")
 
-    def __init__(self, start: int) -> None:
-        self.start = start
+    def __init__(self, start: int, limit: int | None = None) -> None:
+        self.start, self.limit = start, limit
+
+    def check(self, x: Any, arg: str, axis: int) -> None:
+        if self.limit is not None:
+            _check_last(
+                f"offset={self.start}", self.start + x.shape[axis] - 1, self.limit, arg, x.shape[axis]
+            )
 
     def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
         dtype = env.index
         if env.index_bits == 64 and isinstance(self.start, int) and -(2**31) <= self.start <= 2**31 - seq:
             dtype = getattr(xp, "int32", dtype)  # half the digit tables where angles are formed by digits
+        if type(self.start) is int and self.start + seq >= 2 ** (env.index_bits - 1):
+            # the last position fits but arange's stop, one past it, does not
+            start = xp.asarray(self.start, dtype=dtype, device=device)
+            return xp.arange(seq, dtype=dtype, device=device) + start
         return xp.arange(self.start, self.start + seq, dtype=dtype, device=device)
 
     def host(self, seq: int) -> Any:
         import numpy as np
 
-        return np.arange(self.start, self.start + seq, dtype=np.int64)[None]
+        return (np.arange(seq, dtype=np.int64) + np.int64(self.start))[None]
 
     def host_range(self, seq: int) -> tuple[int, int] | None:
         return (self.start, self.start + seq - 1) if seq else None
@@ -109,18 +129,23 @@ class Given:
 
 class ArrayOffset(PositionSpec):
     """Positions ``start[b], start[b] + 1, ...``: ``start`` 0-d (one offset, perhaps traced) or
-    (batch,) (one per row)."""
+    (batch,) (one per row); ``limit``, the largest position the index dtype holds."""
 
-    __slots__ = ("ndim", "rows", "start")
+    __slots__ = ("limit", "ndim", "rows", "start")
 
-    def __init__(self, start: Given) -> None:
-        self.start = start
+    def __init__(self, start: Given, limit: int | None = None) -> None:
+        self.start, self.limit = start, limit
         self.ndim = 1 if start.ndim == 0 else 2
         self.rows = 1 if start.ndim == 0 else start.shape[0]
 
     def check(self, x: Any, arg: str, axis: int) -> None:
         if self.start.ndim == 1:
             _check_batch(x, arg, axis, self.start.shape[0], "offset")
+        span = self.start.span()  # host-known offsets only: device values are never read
+        if span is not None and self.limit is not None:
+            _check_last(
+                f"offset {span[1]} (the largest)", span[1] + x.shape[axis] - 1, self.limit, arg, x.shape[axis]
+            )
 
     def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
         given = self.start.array()
@@ -218,6 +243,27 @@ def _saturated(xp: Any, env: Environment, values: Any) -> Any:
     return xp.where(wrapped, xp.full_like(signed, 2 ** (env.index_bits - 1) - 1), signed)
 
 
+def _check_last(offset: str, last: int, limit: int, arg: str, seq: int) -> None:
+    """Positions up to ``last`` must fit the index dtype (largest ``limit``): past it they would wrap."""
+    if last > limit:
+        raise ValueError(
+            f"{offset} puts the last of {arg}'s {seq} positions at {last}, past {limit}, the largest "
+            f"position its integers hold (it would wrap around): give offsets of at most {limit - seq + 1}"
+        )
+
+
+def check_shift(spec: PositionSpec, seq: int, shift: int, env: Environment) -> None:
+    """Host-known positions moved by an int ``shift`` must stay within the index dtype."""
+    span = spec.host_range(seq)
+    bound = 2 ** (env.index_bits - 1)
+    if span is not None and not -bound <= span[0] + shift <= span[1] + shift < bound:
+        raise ValueError(
+            f"shift={shift} moves positions {span[0]}..{span[1]} to {span[0] + shift}..{span[1] + shift}, "
+            f"past the {env.index_bits}-bit integers positions are formed in (they would wrap around): "
+            "give a smaller shift"
+        )
+
+
 def _check_positions(shape: tuple[int, ...], x: Any, arg: str, axis: int) -> None:
     seq = x.shape[axis]
     if shape[-1] != seq:
@@ -269,21 +315,22 @@ def position_spec(
             wanted = " or ".join(f"{n}-d" for n in ndims)
             raise ValueError(f"positions must be {wanted}, got shape {values.shape}")
         return Positions(values)
+    limit = 2 ** (env.index_bits - 1) - 1
     if type(offset) is int:  # the common case, first (a SymInt while dynamo traces)
-        return Offset(offset if traced else _fits(offset, env, "offset"))
+        return Offset(offset, None) if traced else Offset(_fits(offset, env, "offset"), limit)
     if not is_array(offset) and not (isinstance(offset, Sequence) and not isinstance(offset, (str, bytes))):
         if isinstance(offset, bool) or not hasattr(offset, "__index__"):
             raise TypeError(
                 f"offset must be an int, an integer array or a sequence of ints (one per batch row), "
                 f"not {type(offset).__name__}"
             )
-        return Offset(_fits(int(offset), env, "offset"))
+        return Offset(_fits(int(offset), env, "offset"), limit)
     values = _given(xp, env, offset, device, "offset", traced)
     if values.ndim > 1:
         raise ValueError(
             f"offset must be one int, or 1-d with one int per batch row; got shape {values.shape}"
         )
-    return ArrayOffset(values)
+    return ArrayOffset(values, _largest(values, env))
 
 
 def _multi_axis(values: Given, streams: int, ndims: Sequence[int] | None) -> MultiAxis:
@@ -296,6 +343,16 @@ def _multi_axis(values: Given, streams: int, ndims: Sequence[int] | None) -> Mul
             "give shape (seq,) or use offset="
         )
     return MultiAxis(values)
+
+
+def _largest(values: Given, env: Environment) -> int:
+    """The largest position offsets of this dtype reach without wrapping: unsigned ones as wide as
+    the index dtype are read as unsigned again (see ArrayOffset.positions)."""
+    known = values.known
+    bits: int = 8 * int(known.dtype.itemsize) if known is not None else 0
+    if known is not None and known.dtype.kind == "u" and bits >= env.index_bits:
+        return (1 << bits) - 1
+    return (1 << (env.index_bits - 1)) - 1
 
 
 def _fits(value: int, env: Environment, arg: str) -> int:

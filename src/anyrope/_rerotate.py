@@ -16,7 +16,7 @@ from ._args import check_int
 from ._compat import Environment, array_namespace, device_of, environment, is_array, is_traced
 from ._dtypes import compute_dtype, isdtype
 from ._plan import Job, PositionAngles, _grad
-from ._positions import MultiAxis, PositionSpec, position_spec
+from ._positions import MultiAxis, PositionSpec, check_shift, position_spec
 from ._registry import rotate
 from ._rope import RoPE
 from ._rotate import GivenTables, check_input, normalize_seq_axis
@@ -109,6 +109,7 @@ def rerotate(
             raise ValueError(
                 f"old and new must share {attr} (got {getattr(old, attr)!r} and {getattr(new, attr)!r}){hint}"
             )
+    lengths = [_length(old_length, "old_length"), _length(new_length, "new_length")]
     named = {"k": k}
     for arg, value in (("positions", positions), ("offset", offset), ("shift", shift)):
         if type(value) is not int and value is not None and is_array(value):
@@ -126,7 +127,7 @@ def rerotate(
     moved.check(k, "k", axis)
     work = xp.float64 if env.float64 else compute  # the difference of two rotations, formed wide
     tables = []
-    for rope, length, where in ((old, old_length, spec), (new, new_length, moved)):
+    for rope, length, where in zip((old, new), lengths, (spec, moved), strict=True):
         fixed = rope if length is None else rope.at_length(length)
         tables.append(PositionAngles(fixed, xp, env, where, device, traced, seq).tables(seq, work))
     (c_old, s_old), (c_new, s_new) = tables
@@ -152,6 +153,11 @@ def rerotate(
         compute,
     )
     return rotate(job)
+
+
+def _length(length: Any, arg: str) -> int | None:
+    """A sequence length to fix frequencies at, checked under its own name (not at_length's)."""
+    return None if length is None else check_int(length, arg, low=1, why=" (max(positions) + 1) or None")
 
 
 def _no_shift(shift: Any) -> bool:
@@ -180,6 +186,8 @@ def _shifted(
         raise TypeError(f"shift must be an int or an integer array, not {type(shift).__name__}")
     else:
         delta = check_int(shift, "shift")  # NumPy integers
+    if not traced and type(delta) is int:
+        check_shift(spec, seq, delta, env)
     positions = spec.positions(xp, env, seq, device)
     if positions.dtype != env.index:
         positions = xp.astype(positions, env.index)  # (an Offset's may be int32: the shift could overflow it)
