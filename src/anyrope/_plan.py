@@ -17,6 +17,7 @@ from ._angles import cos_sin, cos_sin_of_angles
 from ._cache import table_cache
 from ._compat import (
     Environment,
+    check_same_device,
     device_of,
     environment,
     float64_scope,
@@ -134,8 +135,7 @@ def call_plan(
     for arg, x in arrays:
         check_input(xp, x, arg=arg)
     device = device_of(xp, arrays[0][1])
-    if len(arrays) == 2 and is_library(xp, "torch") and arrays[1][1].device != device:
-        raise ValueError(f"q is on {device} but k is on {arrays[1][1].device}; move them to one device")
+    check_same_device(xp, device, "q", **dict(arrays[1:]))
     env = environment(xp, device, traced=traced)
     plans = tuple(
         (arg, normalize_seq_axis(seq_axis, x.ndim, arg=arg), compute_dtype(xp, x.dtype),

@@ -13,7 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from ._args import check_int
-from ._compat import Environment, array_namespace, device_of, environment, is_array, is_traced
+from ._compat import (
+    Environment,
+    array_namespace,
+    check_same_device,
+    device_of,
+    environment,
+    is_array,
+    is_traced,
+)
 from ._dtypes import compute_dtype, isdtype
 from ._plan import Job, PositionAngles, _grad
 from ._positions import MultiAxis, PositionSpec, check_shift, position_spec
@@ -179,6 +187,7 @@ def _shifted(
     if type(shift) is int:  # first: a SymInt while dynamo traces, which must not be compared
         delta = shift if traced else check_int(shift, "shift")
     elif is_array(shift):
+        check_same_device(xp, device, "k", shift=shift)
         if not isdtype(xp, shift.dtype, "integral"):
             raise TypeError(f"shift must be an int or an integer array, got dtype {shift.dtype}")
         delta = shift if shift.dtype == env.index else xp.astype(shift, env.index)

@@ -11,12 +11,13 @@ from typing import Any
 from ._args import check_int
 from ._compat import (
     array_namespace,
+    check_same_device,
+    check_writeable,
     device_of,
     environment,
     is_library,
     is_mlx_namespace,
     is_traced,
-    is_writeable,
     library_name,
 )
 from ._dtypes import compute_dtype, input_kind, isdtype
@@ -87,8 +88,7 @@ def check_writable(
             f"are {kind}, so use the returned array"
         )
     for arg, x in named:
-        if not is_writeable(xp, x):
-            raise ValueError(f"{arg} is read-only; {how} would write into it: pass a writable copy")
+        check_writeable(xp, x, arg, how, traced)
         if getattr(x, "requires_grad", False) and getattr(xp, "is_grad_enabled", lambda: False)():
             raise ValueError(
                 f"{arg} requires grad: rotating in place would break autograd; drop {how.rstrip('=')}"
@@ -278,6 +278,7 @@ def apply(
     work = compute_dtype(xp, x.dtype)
     cos, sin = xp.astype(cos, work, copy=False), xp.astype(sin, work, copy=False)
     device = device_of(xp, x)
+    check_same_device(xp, device, "x", cos=cos, sin=sin, out=out)
     traced = is_traced(xp, x, cos, sin)
     job = Job(
         xp, environment(xp, device, traced=traced), x, "x", axis, normalize_layout(layout), bool(inverse), out,
