@@ -35,7 +35,10 @@ def check_int(
     elif isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{arg} must be an int, not {type(value).__name__}{why}")
     else:
-        number = operator.index(value)
+        try:
+            number = operator.index(value)
+        except TypeError:  # NumPy arrays have __index__ but only 0-d integer ones answer it
+            raise TypeError(f"{arg} must be an int, not {type(value).__name__}{why}") from None
     if (low is not None and number < low) or (high is not None and number > high) or (even and number % 2):
         raise ValueError(f"{arg}={shown(number)} must be {_wanted(low, high, even)}{why}")
     return number

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ._args import shown
 from .scaling import Scaling
 
 __all__ = ["Frequencies", "LengthSwitch", "Spectrum"]
@@ -80,13 +81,14 @@ class Spectrum:
             inv_freq, scale = self.scaling.frequencies(
                 self.rotary_dim, self.theta, seq_len=seq_len, max_position=self.max_position
             )
-        except OverflowError:  # float ** float past float's range (NTK with a huge factor, say)
+        except (OverflowError, ZeroDivisionError):  # float ** float past float's range (NTK, huge factors)
             inv_freq, scale = (math.inf,), 1.0
         freqs = Frequencies(tuple(float(f) for f in inv_freq), float(scale))
         # Each value was checked alone; together they may still leave float's range.
         if not all(0 <= f < math.inf for f in (*freqs.inv_freq, freqs.scale)) or not freqs.scale > 0:
+            at = "" if seq_len is None else f" at sequence length {shown(seq_len)}"
             raise ValueError(
-                f"base={self.theta!r} with scaling={self.scaling!r} gives frequencies or an attention "
+                f"base={self.theta!r} with scaling={self.scaling!r}{at} gives frequencies or an attention "
                 "factor outside float's finite range; choose a smaller factor or base"
             )
         return freqs

@@ -50,7 +50,9 @@ def grid_positions(shape: Sequence[int], *, prefix: int = 0, start: int = 0, lik
         like = np.zeros(0)
     xp = array_namespace(like=like)
     device = device_of(xp, like)
-    index = environment(xp, device, traced=False).index
+    env = environment(xp, device, traced=False)
+    index = env.index
+    _check_last(start, max(sizes), env.index_bits)
     count = math.prod(sizes)
     tokens = xp.arange(count, dtype=index, device=device)
     rows = []
@@ -61,3 +63,13 @@ def grid_positions(shape: Sequence[int], *, prefix: int = 0, start: int = 0, lik
     if not prefix:
         return grid
     return xp.concat([xp.zeros((len(sizes), prefix), dtype=index, device=device), grid], axis=1)
+
+
+def _check_last(start: int, longest: int, bits: int) -> None:
+    """Positions start .. start + longest - 1 must fit the index dtype: past it they would wrap."""
+    bound = 2 ** (bits - 1)
+    if not -bound <= start <= bound - longest:
+        raise ValueError(
+            f"start={start} puts positions past the {bits}-bit integers they are formed in (up to "
+            f"start + {longest - 1}); give a start from {-bound} to {bound - longest}"
+        )

@@ -9,11 +9,19 @@ only to check them, and only where they already live there.
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 from ._args import check_int
-from ._compat import array_namespace, device_of, environment, host_array, is_array, is_traced, take_rows
+from ._compat import (
+    array_namespace,
+    check_same_device,
+    device_of,
+    environment,
+    host_array,
+    is_array,
+    is_traced,
+    take_rows,
+)
 from ._dtypes import isdtype
 
 __all__ = ["packed_positions"]
@@ -85,6 +93,7 @@ def packed_positions(cu_seqlens: Any, total: int, *, offsets: Any = None) -> Any
     _check_cu_seqlens(xp, cu_seqlens)
     num_seqs = cu_seqlens.shape[0] - 1
     device = device_of(xp, cu_seqlens)
+    check_same_device(xp, device, "cu_seqlens", offsets=array_offsets)
     traced = is_traced(xp, cu_seqlens, array_offsets)
     env = environment(xp, device, traced=traced)
     total = _count(total, env.index_bits, traced)
@@ -92,6 +101,8 @@ def packed_positions(cu_seqlens: Any, total: int, *, offsets: Any = None) -> Any
     known = host_array(xp, cu_seqlens, traced)
     if known is not None:
         _check_values(known, total)
+    if array_offsets is not None:
+        _check_offsets(host_array(xp, array_offsets, traced), total, env.index_bits)
 
     index = env.index
     bounds = cu_seqlens if cu_seqlens.dtype == index else xp.astype(cu_seqlens, index)
@@ -150,7 +161,7 @@ def _offset(xp: Any, offsets: Any, num_seqs: int, total: Any, bits: int, traced:
             f"{type(offsets).__name__}"
         )
     else:
-        offset = operator.index(offsets)  # NumPy integers
+        offset = check_int(offsets, "offsets")  # NumPy integers
     if traced:  # no comparison: it would add a guard on a symbolic value
         return offset
     bound, last = 2 ** (bits - 1), offset + max(total - 1, 0)
@@ -174,6 +185,19 @@ def _check_values(known: Any, total: int) -> None:
         raise ValueError(
             f"cu_seqlens ends at {known[-1]}, past total={total}: the sequences hold {known[-1]} tokens, so "
             "total (the packed buffer's length) must be at least that"
+        )
+
+
+def _check_offsets(known: Any, total: int, bits: int) -> None:
+    """Host-known offsets (a NumPy view, or None) must keep every position within the index dtype."""
+    if known is None or not known.size or not total:
+        return
+    low, high = int(known.min()), int(known.max())
+    bound = 2 ** (bits - 1)
+    if low < -bound or high + total - 1 >= bound:
+        raise ValueError(
+            f"offsets from {low} to {high} put positions past the {bits}-bit integers they are formed in "
+            f"over total={total} tokens (they would wrap around); give offsets below {bound - total + 1}"
         )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._compat import Environment, host_array, is_array
+from ._compat import Environment, check_same_device, host_array, is_array
 from ._dtypes import int_info, isdtype
 
 __all__ = [
@@ -305,6 +305,8 @@ def position_spec(
     positions and offsets give every stream the same positions. Python ints are checked to fit
     the index dtype, except while tracing (dynamo makes them symbolic, and a comparison would
     add a guard)."""
+    if positions is None and ndims is None:  # tables for explicit positions (cos_sin), with none given
+        raise TypeError("positions must be an integer array or a sequence of ints, not None")
     if positions is not None:
         if not (type(offset) is int and offset == 0):
             raise ValueError("pass positions or offset, not both (positions already say where each token is)")
@@ -367,6 +369,7 @@ def _fits(value: int, env: Environment, arg: str) -> int:
 def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced: bool) -> Given:
     """``value`` (an integer array, or nested Python ints) checked, with its host view where there is one."""
     if is_array(value):
+        check_same_device(xp, device, "the call's arrays", **{arg: value})
         if not isdtype(xp, value.dtype, "integral"):
             raise TypeError(
                 f"{arg} must be an integer array, got dtype {value.dtype}; positions count tokens, "
@@ -380,7 +383,7 @@ def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced:
     else:
         if _has_non_int(value):
             raise TypeError(f"{arg} must hold integers, got {value!r}")
-        if len({len(row) if isinstance(row, Sequence) else -1 for row in value}) > 1:
+        if len({len(row) if _nested(row) else -1 for row in value}) > 1:
             raise ValueError(f"{arg} must be rectangular: every row needs the same length")
         flat = [] if traced else [int(v) for v in _flatten(value)]
     span = (min(flat), max(flat)) if flat else None
@@ -390,7 +393,10 @@ def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced:
     def make() -> Any:
         return xp.asarray(value, dtype=env.index, device=device)
 
-    known = None if traced else _numpy_of(value)
+    try:
+        known = None if traced else _numpy_of(value)
+    except ValueError:  # ragged below the first axis
+        raise ValueError(f"{arg} must be rectangular: every row needs the same length") from None
     if known is None:  # while tracing (or without NumPy) there is no host copy: the array now
         return Given(make(), None)
     return Given(None, known, make=make, shape=known.shape, span=span)
@@ -404,16 +410,21 @@ def _numpy_of(value: Any) -> Any:
     return np.asarray(value, dtype=np.int64)
 
 
+def _nested(value: Any) -> bool:
+    """A sequence to look into: a string is one too, of itself, forever."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
 def _flatten(value: Any) -> Any:
     for item in value:
-        if isinstance(item, Sequence):
+        if _nested(item):
             yield from _flatten(item)
         else:
             yield item
 
 
 def _has_non_int(value: Any) -> bool:
-    if isinstance(value, Sequence):
+    if _nested(value):
         return any(_has_non_int(v) for v in value)
     if isinstance(value, bool):
         return True

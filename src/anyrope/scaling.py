@@ -354,6 +354,11 @@ class LongRoPE(Scaling):
             factor = max_position / self.original_max_position if max_position else 1.0
         if factor <= 1.0:
             return 1.0
+        if self.original_max_position == 1:
+            raise ValueError(
+                "original_max_position=1 leaves LongRoPE's attention factor undefined (it divides by "
+                "log(original_max_position)); give attention_factor, or the original context length"
+            )
         return math.sqrt(1 + math.log(factor) / math.log(self.original_max_position))
 
     def frequencies(
