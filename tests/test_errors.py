@@ -230,7 +230,7 @@ def test_torch_tensors_outside_the_common_kinds() -> None:
         TypeError, match=r"q is a torch.sparse_coo tensor; RoPE rotates dense .*q.to_dense\(\)"
     ):
         rope(x.to_sparse())
-    with pytest.raises(ValueError, match="q is on cpu but k is on meta"):
+    with pytest.raises(ValueError, match="k is on meta, q on cpu; move k to cpu first"):
         rope(x, torch.empty(2, 5, 8, device="meta"))
 
 

@@ -526,7 +526,11 @@ def _longrope(**extra: Any) -> dict[str, Any]:
         ({**GOOD, "head_dim": 64.5}, ValueError, "'head_dim' is 64.5; it must be a whole number"),
         ({**GOOD, "rope_theta": "1e4"}, TypeError, "'rope_theta' is '1e4'; it must be a number"),
         ({**GOOD, "rope_theta": None}, TypeError, "'rope_theta' is None; it must be a number"),
-        ({**GOOD, "rope_theta": float("nan")}, ValueError, "'rope_theta' is nan; it must be a finite number"),
+        (
+            {**GOOD, "rope_theta": float("nan")},
+            ValueError,
+            "'rope_theta' is nan; it must be a positive finite number",
+        ),
         ({**GOOD, "max_position_embeddings": "4096"}, TypeError, "'max_position_embeddings' is '4096'"),
         (
             {**GOOD, "rope_interleave": "false"},

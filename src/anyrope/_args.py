@@ -1,13 +1,19 @@
-"""Python arguments: the one integer validator and the one positive-number validator that every
-front end uses, so each message names the argument and says what was wanted."""
+"""Python arguments: the one validator of each kind (ints, real numbers, lists of numbers, flags)
+that every front end uses, the constructors of scaling methods and the config reader included,
+so each message names the argument and says what was wanted.
+
+A leaf module: it imports nothing from the package.
+"""
 
 from __future__ import annotations
 
 import math
+import numbers
 import operator
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["check_int", "check_positive"]
+__all__ = ["check_bool", "check_int", "check_number", "check_numbers", "check_positive", "shown"]
 
 
 def check_int(
@@ -27,11 +33,14 @@ def check_int(
     if type(value) is int:  # the common case, first: this runs on every call
         number = value
     elif isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{arg} must be an int, not {type(value).__name__}")
+        raise TypeError(f"{arg} must be an int, not {type(value).__name__}{why}")
     else:
-        number = operator.index(value)
+        try:
+            number = operator.index(value)
+        except TypeError:  # NumPy arrays have __index__ but only 0-d integer ones answer it
+            raise TypeError(f"{arg} must be an int, not {type(value).__name__}{why}") from None
     if (low is not None and number < low) or (high is not None and number > high) or (even and number % 2):
-        raise ValueError(f"{arg}={number} must be {_wanted(low, high, even)}{why}")
+        raise ValueError(f"{arg}={shown(number)} must be {_wanted(low, high, even)}{why}")
     return number
 
 
@@ -46,11 +55,87 @@ def _wanted(low: int | None, high: int | None, even: bool) -> str:
     return f"an {kind} of at least {low}" if low is not None else f"an {kind}"
 
 
-def check_positive(value: Any, arg: str, *, at_least: float | None = None, why: str = "") -> float:
-    """``value`` as a positive finite float (at least ``at_least``), or a ValueError naming ``arg``."""
+def check_number(value: Any, arg: str, *, low: float = 0.0, strict: bool = True, why: str = "") -> float:
+    """``value`` as a finite float above ``low`` (``strict``) or at least it, or a TypeError /
+    ValueError naming ``arg``.
+
+    Every real scalar counts (Python and NumPy ints and floats, fractions), as configs and arrays
+    hand out NumPy scalars; bools do not. ``arg`` is an argument's name (the message reads
+    ``base=0.0 must be ...``) or a description of where the value came from (``the config's
+    'factor' is 0.0; it must be ...``).
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{_subject(arg, value)} must be a number, not bool{why}")
+    if isinstance(value, (int, float)):  # first, and as is: dynamo may trace a float as a symbol
+        number: Any = value
+    elif isinstance(value, numbers.Real):  # NumPy scalars, fractions
+        number = _float(value, arg, why)
+    else:
+        raise TypeError(f"{_subject(arg, value)} must be a number, not {type(value).__name__}{why}")
     # Comparisons rather than math.isfinite: dynamo may trace a float argument as a symbol.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{arg}={value!r} must be a positive finite number{why}")
-    if at_least is not None and value < at_least:
-        raise ValueError(f"{arg}={value!r} must be at least {at_least}{why}")
-    return float(value)
+    if not (low < number if strict else low <= number) or not number < math.inf:
+        raise ValueError(f"{_subject(arg, value)} must be {_range(low, strict)}{why}")
+    return _float(number, arg, why)
+
+
+def _float(value: Any, arg: str, why: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int past float's range (10**400)
+        raise ValueError(f"{_subject(arg, value)} must be a finite number{why}") from None
+
+
+def _range(low: float, strict: bool) -> str:
+    if low == 0 and strict:
+        return "a positive finite number"
+    return f"a finite number {'above' if strict else 'of at least'} {low:g}"
+
+
+def _subject(arg: str, value: Any) -> str:
+    """``arg=value`` for an argument's name, else "where is value; it"."""
+    return f"{arg}={shown(value)}" if arg.isidentifier() else f"{arg} is {shown(value)}; it"
+
+
+def check_positive(value: Any, arg: str, *, at_least: float | None = None, why: str = "") -> float:
+    """``value`` as a positive finite float (at least ``at_least``), or a TypeError / ValueError naming ``arg``."""
+    number = check_number(value, arg, why=why)
+    if at_least is not None and number < at_least:
+        raise ValueError(f"{_subject(arg, value)} must be at least {at_least}{why}")
+    return number
+
+
+def check_numbers(value: Any, arg: str, *, length: int | None = None, why: str = "") -> tuple[float, ...]:
+    """A list (sequence, 1-d array) of positive finite numbers as a tuple of floats (``length`` of
+    them, where given), or a TypeError / ValueError naming ``arg``; a string is not a list."""
+    listed = hasattr(value, "__len__") and hasattr(value, "__getitem__")
+    if isinstance(value, (str, bytes, Mapping)) or not (isinstance(value, Sequence) or listed):
+        raise TypeError(f"{arg} must be a list of numbers, got {type(value).__name__}{why}")
+    checked = []
+    for i, item in enumerate(value):
+        try:
+            checked.append(check_number(item, f"{arg}[{i}]"))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(
+                f"{arg}[{i}] is {shown(item)}; {arg} must hold positive finite numbers{why}"
+            ) from None
+    if length is not None and len(checked) != length:
+        raise ValueError(f"{arg} has {len(checked)} entries; it needs {length}, one per pair{why}")
+    return tuple(checked)
+
+
+def check_bool(value: Any, arg: str, *, why: str = "") -> bool:
+    """``value`` if it is True or False (NumPy's bool too), else a TypeError naming ``arg``: a
+    string such as "false" would read as True."""
+    if type(value) is bool:
+        return value
+    if type(value).__name__ == "bool" and type(value).__module__ == "numpy":
+        return bool(value)
+    raise TypeError(f"{_subject(arg, value)} must be True or False, not {type(value).__name__}{why}")
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message, shortened: an int of thousands of digits cannot be printed."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"<an int of {value.bit_length()} bits>"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}...{text[-12:]}"

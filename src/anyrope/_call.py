@@ -15,7 +15,7 @@ from typing import Any
 
 from . import _dask
 from ._checks import check_input, check_out, check_tables, check_writable, normalize_seq_axis
-from ._compat import is_array
+from ._compat import check_same_device, is_array
 from ._context import CallContext, call_context, inspect_call, make_context
 from ._dtypes import compute_dtype, isdtype
 from ._job import Job, key_prefix, make_job
@@ -74,10 +74,8 @@ def call_plan(
             return found
     for arg, x in arrays:
         check_input(xp, x, arg=arg, head_dim=head_dim)
-    first = arrays[0][1]
-    if len(arrays) == 2 and library == "torch" and arrays[1][1].device != first.device:
-        raise ValueError(f"q is on {first.device} but k is on {arrays[1][1].device}; move them to one device")
-    ctx = make_context(xp, first, traced, grad)
+    ctx = make_context(xp, arrays[0][1], traced, grad)
+    check_same_device(xp, ctx.device, "q", **dict(arrays[1:]))
     plan = CallPlan(
         ctx,
         tuple(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._args import check_int
-from ._compat import is_library, is_mlx_namespace, is_writeable, library_name
+from ._compat import check_writeable, is_library, is_mlx_namespace, library_name
 from ._dtypes import input_kind, isdtype
 
 __all__ = [
@@ -80,8 +80,7 @@ def check_writable(
             f"are {kind}, so use the returned array"
         )
     for arg, x in named:
-        if not is_writeable(xp, x):
-            raise ValueError(f"{arg} is read-only; {how} would write into it: pass a writable copy")
+        check_writeable(xp, x, arg, how, traced)
         if getattr(x, "requires_grad", False) and getattr(xp, "is_grad_enabled", lambda: False)():
             raise ValueError(
                 f"{arg} requires grad: rotating in place would break autograd; drop {how.rstrip('=')}"

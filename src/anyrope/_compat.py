@@ -20,6 +20,8 @@ from ._mlx import MLXNamespace, mlx_namespace
 __all__ = [
     "Environment",
     "array_namespace",
+    "check_same_device",
+    "check_writeable",
     "device_of",
     "environment",
     "host_array",
@@ -275,6 +277,50 @@ def host_array(xp: Any, x: Any, traced: bool) -> Any:
     if library == "torch" and not traced and x.device.type == "cpu":
         return (x.detach() if x.requires_grad else x).numpy()
     return None
+
+
+# Libraries whose arrays need no device check: NumPy has one device, MLX unified memory, JAX
+# arrays may be sharded (positions sharded like their tokens) and moves them itself, Dask follows its chunks.
+_ONE_DEVICE = frozenset({"numpy", "mlx", "jax.numpy", "dask.array"})
+
+
+def check_same_device(xp: Any, device: Any, owner: str, **named: Any) -> None:
+    """Every named array (``None`` skipped) on ``device``, where ``owner`` is, or a ValueError naming
+    it and the fix, before any work: the library's own error would name neither argument."""
+    if library_name(xp) in _ONE_DEVICE:
+        return
+    for arg, value in named.items():
+        where = getattr(value, "device", None)
+        if value is not None and where is not None and where != device:
+            raise ValueError(
+                f"{arg} is on {where}, {owner} on {device}; move {arg} to {device} first (torch: "
+                f"{arg}.to(device); array API: xp.asarray({arg}, device=device))"
+            )
+
+
+def check_writeable(xp: Any, x: Any, arg: str, how: str, traced: bool) -> None:
+    """``x`` may be written in place, one element at a time: not read-only, and no two elements at
+    one address (a stride-0 view from ``expand`` or ``broadcast_to``), which the rotation would
+    write twice or the library refuse halfway through."""
+    if not is_writeable(xp, x):
+        raise ValueError(f"{arg} is read-only; {how} would write into it: pass a writable copy")
+    if not traced and _repeats_elements(xp, x):
+        raise ValueError(
+            f"{arg} has a stride-0 axis (a view from expand or broadcast_to: one element stands for "
+            f"several), so {how} cannot write into it; pass a copy ({arg}.contiguous() or {arg}.copy()) "
+            f"or drop {how.rstrip('=')}"
+        )
+
+
+def _repeats_elements(xp: Any, x: Any) -> bool:
+    library = library_name(xp)
+    if library == "torch":
+        strides, shape = x.stride(), x.shape
+    elif library == "numpy":
+        strides, shape = x.strides, x.shape
+    else:  # CuPy's views come from expand and broadcast_to too
+        strides, shape = getattr(x, "strides", ()), x.shape
+    return any(stride == 0 and size > 1 for stride, size in zip(strides, shape, strict=False))
 
 
 def is_writeable(xp: Any, x: Any) -> bool:

@@ -9,9 +9,10 @@ their attributes, so a family's aliases resolve as transformers resolves them (G
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ._args import check_number, check_numbers
 
 __all__ = ["MISSING", "ConfigReader"]
 
@@ -121,18 +122,6 @@ class ConfigReader:
         value = self.get(key)
         if value is MISSING or value is None:
             raise ValueError(f"{self.where} needs {key!r}")
-        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):  # JSON lists only
             raise TypeError(f"{self._name(key)} must be a list of numbers, got {type(value).__name__}")
-        numbers = tuple(check_number(v, f"{self._name(key)}[{i}]") for i, v in enumerate(value))
-        if length is not None and len(numbers) != length:
-            raise ValueError(f"{self._name(key)} has {len(numbers)} entries; it needs {length}, one per pair")
-        return numbers
-
-
-def check_number(value: Any, name: str, *, low: float = 0.0, strict: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} is {value!r}; it must be a number, not {type(value).__name__}")
-    if not math.isfinite(value) or (value <= low if strict else value < low):
-        bound = f"above {low:g}" if strict else f"at least {low:g}"
-        raise ValueError(f"{name} is {value!r}; it must be a finite number {bound}")
-    return float(value)
+        return check_numbers(value, self._name(key), length=length)

@@ -7,7 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._compat import Environment, device_of, environment, is_array, is_traced, namespace_and_library
+from ._compat import (
+    Environment,
+    check_same_device,
+    device_of,
+    environment,
+    is_array,
+    is_traced,
+    namespace_and_library,
+)
 
 __all__ = ["TRACEABLE", "CallContext", "call_context", "inspect_call", "make_context", "needs_grad"]
 
@@ -36,7 +44,9 @@ def call_context(
     values, of which arrays must be of the same library (the others are skipped). ``grad_of``:
     the arrays whose gradients the call must carry (default: every array named)."""
     xp, _, traced, grad = inspect_call(anchor, others, grad_of)
-    return make_context(xp, anchor[1], traced, grad)
+    ctx = make_context(xp, anchor[1], traced, grad)
+    check_same_device(xp, ctx.device, anchor[0], **{arg: value for arg, value in others if is_array(value)})
+    return ctx
 
 
 def inspect_call(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from ._args import shown
 from ._memo import Memo
 from .scaling import Scaling
 
@@ -78,10 +80,21 @@ class Spectrum:
         return self.scaling.length_dependent and self.fixed is None
 
     def _compute(self, seq_len: int | None) -> PairFrequencies:
-        inv_freq, scale = self.scaling.frequencies(
-            self.rotary_dim, self.base, seq_len=seq_len, max_position=self.max_position
-        )
-        return PairFrequencies(tuple(float(f) for f in inv_freq), float(scale))
+        try:
+            inv_freq, scale = self.scaling.frequencies(
+                self.rotary_dim, self.base, seq_len=seq_len, max_position=self.max_position
+            )
+        except (OverflowError, ZeroDivisionError):  # float ** float past float's range (NTK, huge factors)
+            inv_freq, scale = (math.inf,), 1.0
+        freqs = PairFrequencies(tuple(float(f) for f in inv_freq), float(scale))
+        # Each value was checked alone; together they may still leave float's range.
+        if not all(0 <= f < math.inf for f in (*freqs.inv_freq, freqs.scale)) or not freqs.scale > 0:
+            at = "" if seq_len is None else f" at sequence length {shown(seq_len)}"
+            raise ValueError(
+                f"base={self.base!r} with scaling={self.scaling!r}{at} gives frequencies or an attention "
+                "factor outside float's finite range; choose a smaller factor or base"
+            )
+        return freqs
 
     def at(self, seq_len: int | None) -> PairFrequencies:
         """The frequencies for a sequence length; the same object for every length that shares them."""

@@ -50,6 +50,7 @@ def grid_positions(shape: Sequence[int], *, prefix: int = 0, start: int = 0, lik
         like = np.zeros(0)
     ctx = call_context(("like", like), grad_of=())
     xp, device, index = ctx.xp, ctx.device, ctx.env.index
+    _check_last(start, max(sizes), ctx.env.index_bits)
     count = math.prod(sizes)
     tokens = xp.arange(count, dtype=index, device=device)
     rows = []
@@ -60,3 +61,13 @@ def grid_positions(shape: Sequence[int], *, prefix: int = 0, start: int = 0, lik
     if not prefix:
         return grid
     return xp.concat([xp.zeros((len(sizes), prefix), dtype=index, device=device), grid], axis=1)
+
+
+def _check_last(start: int, longest: int, bits: int) -> None:
+    """Positions start .. start + longest - 1 must fit the index dtype: past it they would wrap."""
+    bound = 2 ** (bits - 1)
+    if not -bound <= start <= bound - longest:
+        raise ValueError(
+            f"start={start} puts positions past the {bits}-bit integers they are formed in (up to "
+            f"start + {longest - 1}); give a start from {-bound} to {bound - longest}"
+        )

@@ -32,7 +32,16 @@ class MLXNamespace:
         return self._mx.array(obj, dtype=dtype) if dtype is not None else self._mx.array(obj)
 
     def arange(self, *args: Any, device: Any = None, **kwargs: Any) -> Any:  # noqa: ARG002
+        if len(args) == 2 and _past_int32(*args) and self._integral(kwargs.get("dtype")):
+            # MLX takes ints past int32 as doubles: its values and length round above 2**53
+            # (positions 2**53, 2**53 + 1 came out empty). Count up from 0 and add the start.
+            start, stop = args
+            dtype = kwargs.get("dtype") or self._mx.int64
+            return self._mx.arange(max(stop - start, 0), dtype=dtype) + self._mx.array(start, dtype=dtype)
         return self._mx.arange(*args, **kwargs)
+
+    def _integral(self, dtype: Any) -> bool:
+        return dtype is None or bool(self._mx.issubdtype(dtype, self._mx.integer))
 
     def zeros(self, shape: Any, *, dtype: Any = None, device: Any = None) -> Any:  # noqa: ARG002
         return self._mx.zeros(shape, dtype=dtype if dtype is not None else self._mx.float32)
@@ -69,6 +78,11 @@ class MLXNamespace:
         if x.dtype != self._mx.float64:
             return self._mx.exp(x)
         return _exp_float64(self._mx, x)
+
+
+def _past_int32(*values: Any) -> bool:
+    """Whether these are Python ints, one of them outside int32."""
+    return all(type(v) is int for v in values) and not all(-(2**31) <= v < 2**31 for v in values)
 
 
 # pi/2 split into parts of 33 bits or fewer (fdlibm's), so n * part is exact for |n| < 2**20.

@@ -9,7 +9,6 @@ only to check them, and only where they already live there.
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 from ._args import check_int
@@ -91,6 +90,8 @@ def packed_positions(cu_seqlens: Any, total: int, *, offsets: Any = None) -> Any
     known = host_array(xp, cu_seqlens, traced)
     if known is not None:
         _check_values(known, total)
+    if array_offsets is not None:
+        _check_offsets(host_array(xp, array_offsets, traced), total, env.index_bits)
 
     index = env.index
     bounds = cu_seqlens if cu_seqlens.dtype == index else xp.astype(cu_seqlens, index)
@@ -149,7 +150,7 @@ def _offset(xp: Any, offsets: Any, num_seqs: int, total: Any, bits: int, traced:
             f"{type(offsets).__name__}"
         )
     else:
-        offset = operator.index(offsets)  # NumPy integers
+        offset = check_int(offsets, "offsets")  # NumPy integers
     if traced:  # no comparison: it would add a guard on a symbolic value
         return offset
     bound, last = 2 ** (bits - 1), offset + max(total - 1, 0)
@@ -173,6 +174,19 @@ def _check_values(known: Any, total: int) -> None:
         raise ValueError(
             f"cu_seqlens ends at {known[-1]}, past total={total}: the sequences hold {known[-1]} tokens, so "
             "total (the packed buffer's length) must be at least that"
+        )
+
+
+def _check_offsets(known: Any, total: int, bits: int) -> None:
+    """Host-known offsets (a NumPy view, or None) must keep every position within the index dtype."""
+    if known is None or not known.size or not total:
+        return
+    low, high = int(known.min()), int(known.max())
+    bound = 2 ** (bits - 1)
+    if low < -bound or high + total - 1 >= bound:
+        raise ValueError(
+            f"offsets from {low} to {high} put positions past the {bits}-bit integers they are formed in "
+            f"over total={total} tokens (they would wrap around); give offsets below {bound - total + 1}"
         )
 
 

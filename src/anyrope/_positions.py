@@ -14,10 +14,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._angles import index_positions
-from ._compat import Environment, host_array, is_array
+from ._compat import Environment, check_same_device, host_array, is_array
 from ._dtypes import int_info, isdtype
 
-__all__ = ["ArrayOffset", "Given", "MultiAxis", "Offset", "PositionSpec", "Positions", "position_spec"]
+__all__ = [
+    "ArrayOffset",
+    "Given",
+    "MultiAxis",
+    "Offset",
+    "PositionSpec",
+    "Positions",
+    "check_shift",
+    "position_spec",
+]
 
 
 class PositionSpec:
@@ -57,23 +66,34 @@ class PositionSpec:
 
 
 class Offset(PositionSpec):
-    """Positions ``start, start + 1, ...`` for every row, ``start`` a Python int."""
+    """Positions ``start, start + 1, ...`` for every row, ``start`` a Python int; ``limit``, the
+    largest position the index dtype holds, where ``start`` is known (not a symbol of a trace)."""
 
-    __slots__ = ("start",)
+    __slots__ = ("limit", "start")
 
-    def __init__(self, start: int) -> None:
-        self.start = start
+    def __init__(self, start: int, limit: int | None = None) -> None:
+        self.start, self.limit = start, limit
+
+    def check(self, x: Any, arg: str, axis: int) -> None:
+        if self.limit is not None:
+            _check_last(
+                f"offset={self.start}", self.start + x.shape[axis] - 1, self.limit, arg, x.shape[axis]
+            )
 
     def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
         dtype = env.index
         if env.index_bits == 64 and isinstance(self.start, int) and -(2**31) <= self.start <= 2**31 - seq:
             dtype = getattr(xp, "int32", dtype)  # half the digit tables where angles are formed by digits
+        if type(self.start) is int and self.start + seq >= 2 ** (env.index_bits - 1):
+            # the last position fits but arange's stop, one past it, does not
+            start = xp.asarray(self.start, dtype=dtype, device=device)
+            return xp.arange(seq, dtype=dtype, device=device) + start
         return xp.arange(self.start, self.start + seq, dtype=dtype, device=device)
 
     def host(self, seq: int) -> Any:
         import numpy as np
 
-        return np.arange(self.start, self.start + seq, dtype=np.int64)[None]
+        return (np.arange(seq, dtype=np.int64) + np.int64(self.start))[None]
 
     def host_range(self, seq: int) -> tuple[int, int] | None:
         return (self.start, self.start + seq - 1) if seq else None
@@ -119,18 +139,23 @@ class Given:
 
 class ArrayOffset(PositionSpec):
     """Positions ``start[b], start[b] + 1, ...``: ``start`` 0-d (one offset, perhaps traced) or
-    (batch,) (one per row)."""
+    (batch,) (one per row); ``limit``, the largest position the index dtype holds."""
 
-    __slots__ = ("ndim", "rows", "start", "unsigned64")
+    __slots__ = ("limit", "ndim", "rows", "start", "unsigned64")
 
-    def __init__(self, start: Given) -> None:
-        self.start, self.unsigned64 = start, start.unsigned64
+    def __init__(self, start: Given, limit: int | None = None) -> None:
+        self.start, self.limit, self.unsigned64 = start, limit, start.unsigned64
         self.ndim = 1 if start.ndim == 0 else 2
         self.rows = 1 if start.ndim == 0 else start.shape[0]
 
     def check(self, x: Any, arg: str, axis: int) -> None:
         if self.start.ndim == 1:
             _check_batch(x, arg, axis, self.start.shape[0], "offset")
+        span = self.start.span()  # host-known offsets only: device values are never read
+        if span is not None and self.limit is not None:
+            _check_last(
+                f"offset {span[1]} (the largest)", span[1] + x.shape[axis] - 1, self.limit, arg, x.shape[axis]
+            )
 
     def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
         given = self.start.array()
@@ -226,6 +251,27 @@ def _saturated(xp: Any, env: Environment, values: Any) -> Any:
     return xp.where(wrapped, xp.full_like(signed, 2 ** (env.index_bits - 1) - 1), signed)
 
 
+def _check_last(offset: str, last: int, limit: int, arg: str, seq: int) -> None:
+    """Positions up to ``last`` must fit the index dtype (largest ``limit``): past it they would wrap."""
+    if last > limit:
+        raise ValueError(
+            f"{offset} puts the last of {arg}'s {seq} positions at {last}, past {limit}, the largest "
+            f"position its integers hold (it would wrap around): give offsets of at most {limit - seq + 1}"
+        )
+
+
+def check_shift(spec: PositionSpec, seq: int, shift: int, env: Environment) -> None:
+    """Host-known positions moved by an int ``shift`` must stay within the index dtype."""
+    span = spec.host_range(seq)
+    bound = 2 ** (env.index_bits - 1)
+    if span is not None and not -bound <= span[0] + shift <= span[1] + shift < bound:
+        raise ValueError(
+            f"shift={shift} moves positions {span[0]}..{span[1]} to {span[0] + shift}..{span[1] + shift}, "
+            f"past the {env.index_bits}-bit integers positions are formed in (they would wrap around): "
+            "give a smaller shift"
+        )
+
+
 def _check_positions(shape: tuple[int, ...], x: Any, arg: str, axis: int) -> None:
     seq = x.shape[axis]
     if shape[-1] != seq:
@@ -267,6 +313,8 @@ def position_spec(
     positions and offsets give every stream the same positions. Python ints are checked to fit
     the index dtype, except while tracing (dynamo makes them symbolic, and a comparison would
     add a guard)."""
+    if positions is None and ndims is None:  # tables for explicit positions (cos_sin), with none given
+        raise TypeError("positions must be an integer array or a sequence of ints, not None")
     if positions is not None:
         if not (type(offset) is int and offset == 0):
             raise ValueError("pass positions or offset, not both (positions already say where each token is)")
@@ -277,21 +325,22 @@ def position_spec(
             wanted = " or ".join(f"{n}-d" for n in ndims)
             raise ValueError(f"positions must be {wanted}, got shape {values.shape}")
         return Positions(values)
+    limit = 2 ** (env.index_bits - 1) - 1
     if type(offset) is int:  # the common case, first (a SymInt while dynamo traces)
-        return Offset(offset if traced else _fits(offset, env, "offset"))
+        return Offset(offset, None) if traced else Offset(_fits(offset, env, "offset"), limit)
     if not is_array(offset) and not (isinstance(offset, Sequence) and not isinstance(offset, (str, bytes))):
         if isinstance(offset, bool) or not hasattr(offset, "__index__"):
             raise TypeError(
                 f"offset must be an int, an integer array or a sequence of ints (one per batch row), "
                 f"not {type(offset).__name__}"
             )
-        return Offset(_fits(int(offset), env, "offset"))
+        return Offset(_fits(int(offset), env, "offset"), limit)
     values = _given(xp, env, offset, device, "offset", traced)
     if values.ndim > 1:
         raise ValueError(
             f"offset must be one int, or 1-d with one int per batch row; got shape {values.shape}"
         )
-    return ArrayOffset(values)
+    return ArrayOffset(values, _largest(values, env))
 
 
 def _multi_axis(values: Given, streams: int, ndims: Sequence[int] | None) -> MultiAxis:
@@ -306,6 +355,16 @@ def _multi_axis(values: Given, streams: int, ndims: Sequence[int] | None) -> Mul
     return MultiAxis(values)
 
 
+def _largest(values: Given, env: Environment) -> int:
+    """The largest position offsets of this dtype reach without wrapping: unsigned ones as wide as
+    the index dtype are read as unsigned again (see ArrayOffset.positions)."""
+    known = values.known
+    bits: int = 8 * int(known.dtype.itemsize) if known is not None else 0
+    if known is not None and known.dtype.kind == "u" and bits >= env.index_bits:
+        return (1 << bits) - 1
+    return (1 << (env.index_bits - 1)) - 1
+
+
 def _fits(value: int, env: Environment, arg: str) -> int:
     bound = 2 ** (env.index_bits - 1)
     if not -bound <= value < bound:
@@ -318,6 +377,7 @@ def _fits(value: int, env: Environment, arg: str) -> int:
 def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced: bool) -> Given:
     """``value`` (an integer array, or nested Python ints) checked, with its host view where there is one."""
     if is_array(value):
+        check_same_device(xp, device, "the call's arrays", **{arg: value})
         if not isdtype(xp, value.dtype, "integral"):
             raise TypeError(
                 f"{arg} must be an integer array, got dtype {value.dtype}; positions count tokens, "
@@ -333,7 +393,7 @@ def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced:
     else:
         if _has_non_int(value):
             raise TypeError(f"{arg} must hold integers, got {value!r}")
-        if len({len(row) if isinstance(row, Sequence) else -1 for row in value}) > 1:
+        if len({len(row) if _nested(row) else -1 for row in value}) > 1:
             raise ValueError(f"{arg} must be rectangular: every row needs the same length")
         flat = [] if traced else [int(v) for v in _flatten(value)]
     span = (min(flat), max(flat)) if flat else None
@@ -343,7 +403,10 @@ def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced:
     def make() -> Any:
         return xp.asarray(value, dtype=env.index, device=device)
 
-    known = None if traced else _numpy_of(value)
+    try:
+        known = None if traced else _numpy_of(value)
+    except ValueError:  # ragged below the first axis
+        raise ValueError(f"{arg} must be rectangular: every row needs the same length") from None
     if known is None:  # while tracing (or without NumPy) there is no host copy: the array now
         return Given(make(), None)
     return Given(None, known, make=make, shape=known.shape, span=span)
@@ -357,16 +420,21 @@ def _numpy_of(value: Any) -> Any:
     return np.asarray(value, dtype=np.int64)
 
 
+def _nested(value: Any) -> bool:
+    """A sequence to look into: a string is one too, of itself, forever."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
 def _flatten(value: Any) -> Any:
     for item in value:
-        if isinstance(item, Sequence):
+        if _nested(item):
             yield from _flatten(item)
         else:
             yield item
 
 
 def _has_non_int(value: Any) -> bool:
-    if isinstance(value, Sequence):
+    if _nested(value):
         return any(_has_non_int(v) for v in value)
     if isinstance(value, bool):
         return True

@@ -18,7 +18,7 @@ from ._checks import check_input, normalize_seq_axis
 from ._compat import Environment, is_array
 from ._context import call_context
 from ._dtypes import compute_dtype, isdtype
-from ._positions import MultiAxis, PositionSpec, position_spec
+from ._positions import MultiAxis, PositionSpec, check_shift, position_spec
 from ._rope import RoPE, rotary_of
 from ._tables import PositionTables
 from ._xpos import xpos_scale
@@ -110,6 +110,7 @@ def rerotate(
             raise ValueError(
                 f"old and new must share {attr} (got {getattr(old, attr)!r} and {getattr(new, attr)!r}){hint}"
             )
+    lengths = [_length(old_length, "old_length"), _length(new_length, "new_length")]
     others = [(arg, value) for arg, value in (("positions", positions), ("offset", offset), ("shift", shift))]
     ctx = call_context(("k", k), *others, grad_of=(k,))
     xp, env, device, traced = ctx.xp, ctx.env, ctx.device, ctx.traced
@@ -122,7 +123,7 @@ def rerotate(
     moved.check(k, "k", axis)
     work = xp.float64 if env.float64 else compute  # the difference of two rotations, formed wide
     tables = []
-    for rope, length, where in ((old, old_length, spec), (new, new_length, moved)):
+    for rope, length, where in zip((old, new), lengths, (spec, moved), strict=True):
         fixed = rope if length is None else rope.at_length(length)
         tables.append(PositionTables(rotary_of(fixed), ctx, where, seq).tables(seq, work))
     (c_old, s_old), (c_new, s_new) = tables
@@ -135,6 +136,11 @@ def rerotate(
     cos, sin = xp.astype(cos, compute), xp.astype(sin, compute)
     # clockwise: the difference turns the other way too
     return rotate_by_tables(ctx, k, "k", axis, new.layout, new.clockwise, None, cos, sin, compute)
+
+
+def _length(length: Any, arg: str) -> int | None:
+    """A sequence length to fix frequencies at, checked under its own name (not at_length's)."""
+    return None if length is None else check_int(length, arg, low=1, why=" (max(positions) + 1) or None")
 
 
 def _no_shift(shift: Any) -> bool:
@@ -163,6 +169,8 @@ def _shifted(
         raise TypeError(f"shift must be an int or an integer array, not {type(shift).__name__}")
     else:
         delta = check_int(shift, "shift")  # NumPy integers
+    if not traced and type(delta) is int:
+        check_shift(spec, seq, delta, env)
     positions = spec.positions(xp, env, seq, device)
     if positions.dtype != env.index:
         positions = xp.astype(positions, env.index)  # (an Offset's may be int32: the shift could overflow it)

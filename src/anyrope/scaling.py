@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ._args import check_int, check_positive
+from ._args import check_bool, check_int, check_number, check_numbers, check_positive
 
 __all__ = [
     "DynamicNTK",
@@ -40,6 +40,25 @@ def plain_frequencies(rotary_dim: int, base: float) -> tuple[float, ...]:
     """theta_i = base ** (-2i / rotary_dim) for each of the rotary_dim / 2 pairs: the one place
     the inverse-frequency formula is written."""
     return tuple(base**e for e in exponents(rotary_dim))
+
+
+def _keep(method: Any, name: str, checked: Any) -> None:
+    """Store a checked value where it differs in type from the one given (a NumPy scalar becomes a
+    float or an int), so that equal methods compare, hash and print alike."""
+    given = getattr(method, name)
+    if type(given) is not type(checked) and not (type(given) is int and type(checked) is float):
+        object.__setattr__(method, name, checked)
+
+
+def _positive(method: Any, *names: str, optional: bool = False) -> None:
+    """Check (and keep) positive finite numbers; ``optional``: None passes."""
+    for name in names:
+        if not (optional and getattr(method, name) is None):
+            _keep(method, name, check_positive(getattr(method, name), name))
+
+
+def _positions(method: Any, name: str) -> None:
+    _keep(method, name, check_int(getattr(method, name), name, low=1, why=" (a number of positions)"))
 
 
 @dataclass(frozen=True)
@@ -95,7 +114,7 @@ class Linear(Scaling):
     hf_type: ClassVar[str | None] = "linear"
 
     def __post_init__(self) -> None:
-        check_positive(self.factor, "factor")
+        _positive(self, "factor")
 
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None
@@ -117,7 +136,7 @@ class NTKAware(Scaling):
     hf_type: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
-        check_positive(self.factor, "factor")
+        _positive(self, "factor")
 
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None
@@ -146,10 +165,9 @@ class DynamicNTK(Scaling):
     continuous: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        check_positive(self.factor, "factor")
-        check_int(self.original_max_position, "original_max_position", low=1, why=" (a number of positions)")
-        if self.alpha is not None:
-            check_positive(self.alpha, "alpha")
+        _positive(self, "factor")
+        _positions(self, "original_max_position")
+        _positive(self, "alpha", optional=True)
 
     def original_length(self) -> int:
         return self.original_max_position
@@ -209,12 +227,18 @@ class YaRN(Scaling):
     hf_type: ClassVar[str | None] = "yarn"
 
     def __post_init__(self) -> None:
-        check_positive(self.factor, "factor")
-        check_int(self.original_max_position, "original_max_position", low=1, why=" (a number of positions)")
-        check_positive(self.beta_fast, "beta_fast")
-        check_positive(self.beta_slow, "beta_slow")
-        if self.attention_factor is not None:
-            check_positive(self.attention_factor, "attention_factor")
+        # As from_hf_config reads them: mscale 0 (or None) means unset, as transformers tests truthiness.
+        _positive(self, "factor", "beta_fast", "beta_slow")
+        _positions(self, "original_max_position")
+        _positive(self, "attention_factor", optional=True)
+        for name in ("mscale", "mscale_all_dim"):
+            if getattr(self, name) is not None:
+                _keep(
+                    self,
+                    name,
+                    check_number(getattr(self, name), name, strict=False, why=" (0 or None: unset)"),
+                )
+        _keep(self, "truncate", check_bool(self.truncate, "truncate"))
 
     def attention(self) -> float:
         if self.attention_factor is not None:
@@ -242,6 +266,8 @@ class YaRN(Scaling):
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None
     ) -> tuple[tuple[float, ...], float]:
+        if not base > 1:
+            raise ValueError(f"base={base!r} must be above 1 for YaRN, whose ramp divides by log(base)")
         plain = plain_frequencies(rotary_dim, base)
         ramp = self.ramp(rotary_dim, base)
         inv_freq = tuple(t / self.factor * r + t * (1 - r) for t, r in zip(plain, ramp, strict=True))
@@ -264,10 +290,8 @@ class Llama3(Scaling):
     hf_type: ClassVar[str | None] = "llama3"
 
     def __post_init__(self) -> None:
-        check_positive(self.factor, "factor")
-        check_positive(self.low_freq_factor, "low_freq_factor")
-        check_positive(self.high_freq_factor, "high_freq_factor")
-        check_int(self.original_max_position, "original_max_position", low=1, why=" (a number of positions)")
+        _positive(self, "factor", "low_freq_factor", "high_freq_factor")
+        _positions(self, "original_max_position")
         if self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(
                 f"high_freq_factor={self.high_freq_factor} must exceed low_freq_factor={self.low_freq_factor}"
@@ -322,15 +346,10 @@ class LongRoPE(Scaling):
 
     def __post_init__(self) -> None:
         # Tuples keep the config hashable (tables are cached by frequencies).
-        object.__setattr__(self, "short_factor", tuple(float(f) for f in self.short_factor))
-        object.__setattr__(self, "long_factor", tuple(float(f) for f in self.long_factor))
         for name in ("short_factor", "long_factor"):
-            if any(not f > 0 or not math.isfinite(f) for f in getattr(self, name)):
-                raise ValueError(f"{name} must hold positive finite numbers")
-        check_int(self.original_max_position, "original_max_position", low=1, why=" (a number of positions)")
-        for name in ("factor", "attention_factor", "long_attention_factor"):
-            if getattr(self, name) is not None:
-                check_positive(getattr(self, name), name)
+            object.__setattr__(self, name, check_numbers(getattr(self, name), name, why=" (one per pair)"))
+        _positions(self, "original_max_position")
+        _positive(self, "factor", "attention_factor", "long_attention_factor", optional=True)
 
     def original_length(self) -> int:
         return self.original_max_position
@@ -341,6 +360,11 @@ class LongRoPE(Scaling):
         factor = self.factor
         if factor is None:
             factor = max_position / self.original_max_position if max_position else 1.0
+        if factor > 1.0 and self.original_max_position == 1:
+            raise ValueError(
+                "original_max_position=1 leaves LongRoPE's attention factor undefined (it divides by "
+                "log(original_max_position)); give attention_factor, or the original context length"
+            )
         return longrope_attention(factor, self.original_max_position)
 
     def frequencies(
@@ -376,9 +400,13 @@ class Proportional(Scaling):
     hf_type: ClassVar[str | None] = "proportional"
 
     def __post_init__(self) -> None:
-        if not 0 <= self.fraction <= 1:
-            raise ValueError(f"fraction={self.fraction!r} must lie in [0, 1]")
-        check_positive(self.factor, "factor")
+        fraction = check_number(
+            self.fraction, "fraction", strict=False, why=" (the share of pairs that turn)"
+        )
+        if fraction > 1:
+            raise ValueError(f"fraction={self.fraction!r} must lie in [0, 1] (the share of pairs that turn)")
+        _keep(self, "fraction", fraction)
+        _positive(self, "factor")
 
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None
@@ -406,7 +434,7 @@ class MaxLengthAware(Scaling):
     hf_type: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
-        check_int(self.max_position, "max_position", low=1, why=" (a number of positions)")
+        _positions(self, "max_position")
 
     def frequencies(
         self, rotary_dim: int, base: float, *, seq_len: int | None = None, max_position: int | None = None
