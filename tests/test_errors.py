@@ -259,3 +259,15 @@ def test_inplace_refuses_tensors_that_require_grad(backend: Backend) -> None:
     x = backend.asarray(np.zeros((4, 5, 8)), "float32").requires_grad_(True)
     with pytest.raises(ValueError, match="q requires grad: rotating in place would break autograd"):
         anyrope.RoPE(8)(x, inplace=True)
+
+
+def test_a_remembered_call_plan_skips_no_check(backend: Backend) -> None:
+    """The call plan is remembered per signature; a float seq_axis equals the int one as a key
+    unless its type is in the key, and must still be refused after the int call ran."""
+    rope = anyrope.RoPE(8)
+    x = backend.asarray(np.ones((2, 3, 4, 8)), "float32")
+    rope(x, seq_axis=-2)
+    with pytest.raises(TypeError, match="seq_axis must be an int"):
+        rope(x, seq_axis=-2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="head_dim=16"):
+        anyrope.RoPE(16)(x, seq_axis=-2)
