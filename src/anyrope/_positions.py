@@ -19,7 +19,7 @@ from ._dtypes import int_info, isdtype
 
 __all__ = [
     "ArrayOffset",
-    "Given",
+    "GivenIntegers",
     "MultiAxis",
     "Offset",
     "PositionSpec",
@@ -99,7 +99,7 @@ class Offset(PositionSpec):
         return (self.start, self.start + seq - 1) if seq else None
 
 
-class Given:
+class GivenIntegers:
     """Integers a call was given: an array of the call's library, or Python ints, which become a
     device array only when one is needed (a CPU kernel reads the host copy directly)."""
 
@@ -143,7 +143,7 @@ class ArrayOffset(PositionSpec):
 
     __slots__ = ("limit", "ndim", "rows", "start", "unsigned64")
 
-    def __init__(self, start: Given, limit: int | None = None) -> None:
+    def __init__(self, start: GivenIntegers, limit: int | None = None) -> None:
         self.start, self.limit, self.unsigned64 = start, limit, start.unsigned64
         self.ndim = 1 if start.ndim == 0 else 2
         self.rows = 1 if start.ndim == 0 else start.shape[0]
@@ -190,7 +190,7 @@ class Positions(PositionSpec):
 
     __slots__ = ("ndim", "rows", "unsigned64", "values")
 
-    def __init__(self, values: Given) -> None:
+    def __init__(self, values: GivenIntegers) -> None:
         self.values, self.unsigned64 = values, values.unsigned64
         self.ndim = values.ndim
         self.rows = values.shape[0] if values.ndim == 2 else 1
@@ -218,7 +218,7 @@ class MultiAxis(PositionSpec):
 
     __slots__ = ("ndim", "rows", "unsigned64", "values")
 
-    def __init__(self, values: Given) -> None:
+    def __init__(self, values: GivenIntegers) -> None:
         self.values, self.unsigned64 = values, values.unsigned64
         self.ndim = values.ndim - 1
         self.rows = values.shape[1] if values.ndim == 3 else 1
@@ -318,7 +318,7 @@ def position_spec(
     if positions is not None:
         if not (type(offset) is int and offset == 0):
             raise ValueError("pass positions or offset, not both (positions already say where each token is)")
-        values = _given(xp, env, positions, device, "positions", traced)
+        values = _given_integers(xp, env, positions, device, "positions", traced)
         if streams > 1 and values.ndim > 1:
             return _multi_axis(values, streams, ndims)
         if ndims is not None and values.ndim not in ndims:
@@ -335,7 +335,7 @@ def position_spec(
                 f"not {type(offset).__name__}"
             )
         return Offset(_fits(int(offset), env, "offset"), limit)
-    values = _given(xp, env, offset, device, "offset", traced)
+    values = _given_integers(xp, env, offset, device, "offset", traced)
     if values.ndim > 1:
         raise ValueError(
             f"offset must be one int, or 1-d with one int per batch row; got shape {values.shape}"
@@ -343,7 +343,7 @@ def position_spec(
     return ArrayOffset(values, _largest(values, env))
 
 
-def _multi_axis(values: Given, streams: int, ndims: Sequence[int] | None) -> MultiAxis:
+def _multi_axis(values: GivenIntegers, streams: int, ndims: Sequence[int] | None) -> MultiAxis:
     shape = values.shape
     wanted = f"({streams}, seq) or ({streams}, batch, seq)" if ndims is not None else f"({streams}, ...)"
     if shape[0] != streams or (ndims is not None and len(shape) - 1 not in ndims):
@@ -355,7 +355,7 @@ def _multi_axis(values: Given, streams: int, ndims: Sequence[int] | None) -> Mul
     return MultiAxis(values)
 
 
-def _largest(values: Given, env: Environment) -> int:
+def _largest(values: GivenIntegers, env: Environment) -> int:
     """The largest position offsets of this dtype reach without wrapping: unsigned ones as wide as
     the index dtype are read as unsigned again (see ArrayOffset.positions)."""
     known = values.known
@@ -374,7 +374,9 @@ def _fits(value: int, env: Environment, arg: str) -> int:
     return value
 
 
-def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced: bool) -> Given:
+def _given_integers(
+    xp: Any, env: Environment, value: Any, device: Any, arg: str, traced: bool
+) -> GivenIntegers:
     """``value`` (an integer array, or nested Python ints) checked, with its host view where there is one."""
     if is_array(value):
         check_same_device(xp, device, "the call's arrays", **{arg: value})
@@ -383,7 +385,7 @@ def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced:
                 f"{arg} must be an integer array, got dtype {value.dtype}; positions count tokens, "
                 "so cast them to an integer dtype (fractional positions come from scaling=, not from here)"
             )
-        return Given(
+        return GivenIntegers(
             value, host_array(xp, value, traced), unsigned64=int_info(xp, value.dtype) == (64, False)
         )
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
@@ -408,8 +410,8 @@ def _given(xp: Any, env: Environment, value: Any, device: Any, arg: str, traced:
     except ValueError:  # ragged below the first axis
         raise ValueError(f"{arg} must be rectangular: every row needs the same length") from None
     if known is None:  # while tracing (or without NumPy) there is no host copy: the array now
-        return Given(make(), None)
-    return Given(None, known, make=make, shape=known.shape, span=span)
+        return GivenIntegers(make(), None)
+    return GivenIntegers(None, known, make=make, shape=known.shape, span=span)
 
 
 def _numpy_of(value: Any) -> Any:
