@@ -49,7 +49,7 @@ def current_switch(traced: bool) -> Switch:
 @contextlib.contextmanager
 def use_fast_paths(enabled: Switch = True) -> Iterator[None]:
     """Choose kernels within a ``with`` block: all (True, the default), the generic array-API
-    code only (False), or one kernel, by name or as a :class:`anyrope.Kernel` (which need not
+    code only (False), or one kernel, by name or as an ``anyrope.Kernel`` (which need not
     be registered: tests pass stand-ins), which then must take every call in the block; a call
     it cannot take raises ValueError before any work, naming what the call has that it does not
     take. Dask arrays are rotated chunk by chunk under the switch of the call that made them.
