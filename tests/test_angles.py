@@ -63,9 +63,7 @@ def test_within_1e6_of_exact_up_to_two_to_the_31(backend: Backend, method: str, 
     edges = [0, 1, -1, 4095, 65_537, -65_537, 2_000_000, 2**31 - 1, -(2**31)]
     positions = np.concatenate([edges, rng.integers(-(2**31), 2**31, size=55)]).reshape(8, 8)
     values = backend.asarray(positions.astype(backend.index))
-    cos, sin = _angles.cos_sin(
-        backend.xp, env, values, FREQS, dtype=backend.dtype(table), device=backend.device
-    )
+    cos, sin = _angles.cos_sin(backend.xp, env, values, FREQS, dtype=backend.dtype(table))
     assert cos.dtype == backend.dtype(table)
     # float32 tables: a few roundings of float32; float64 by digits: exact to float64; float64 by
     # the float64 method: p * theta rounds like any float64 code (2**31 * 2**-53 rad at 2**31).
@@ -93,9 +91,7 @@ def test_every_integer_dtype_to_its_extremes(backend: Backend, method: str) -> N
         ]
         positions = np.array([v for v in wanted if info.min <= v <= info.max], dtype=name)
         values = backend.asarray(positions)
-        cos, sin = _angles.cos_sin(
-            backend.xp, env, values, FREQS, dtype=backend.dtype(table), device=backend.device
-        )
+        cos, sin = _angles.cos_sin(backend.xp, env, values, FREQS, dtype=backend.dtype(table))
         _check(backend, positions, cos, sin, 1e-6)
 
 
@@ -108,9 +104,7 @@ def test_any_bit_pattern_stays_inside_its_tables(backend: Backend, method: str) 
     env = _environment(backend, method)
     bits = np.random.default_rng(1).integers(-(2**63), 2**63 - 1, size=200, dtype=np.int64, endpoint=True)
     positions = np.concatenate([bits, [-(2**63), 2**63 - 1]])
-    cos, sin = _angles.cos_sin(
-        backend.xp, env, backend.asarray(positions), FREQS, dtype=backend.xp.float32, device=backend.device
-    )
+    cos, sin = _angles.cos_sin(backend.xp, env, backend.asarray(positions), FREQS, dtype=backend.xp.float32)
     _check(backend, positions, cos, sin, 1e-6)
 
 
@@ -131,9 +125,7 @@ def test_traced_angles_equal_eager(backend: Backend, mode: str, method: str) -> 
     )
 
     def tables(p: Any) -> Any:
-        return _angles.cos_sin(
-            backend.xp, env, p, FREQS, dtype=backend.xp.float32, device=backend.device, traced=mode != "eager"
-        )
+        return _angles.cos_sin(backend.xp, env, p, FREQS, dtype=backend.xp.float32, traced=mode != "eager")
 
     eager = tables(positions)
     compiled = backend.compile(tables, mode)(positions)

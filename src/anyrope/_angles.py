@@ -71,7 +71,6 @@ def cos_sin(
     inv_freq: tuple[float, ...],
     *,
     dtype: Any,
-    device: Any,
     traced: bool = False,
 ) -> tuple[Any, Any]:
     """``cos(p * theta)`` and ``sin(p * theta)``, shape ``positions.shape + (len(inv_freq),)``, in dtype
@@ -80,9 +79,9 @@ def cos_sin(
     signed, wrapped = index_positions(xp, env, positions)
     wide = dtype == getattr(xp, "float64", None)
     if env.angles == "float64":
-        return _by_float64(xp, env, signed, wrapped, inv_freq, dtype=dtype, device=device, traced=traced)
+        return _by_float64(xp, env, signed, wrapped, inv_freq, dtype=dtype, traced=traced)
     with float64_scope(xp) if wide else _nothing():
-        return _by_digits(xp, env, signed, wrapped, inv_freq, dtype=dtype, device=device, traced=traced)
+        return _by_digits(xp, env, signed, wrapped, inv_freq, dtype=dtype, traced=traced)
 
 
 def cos_sin_of_angles(
@@ -130,7 +129,6 @@ def _by_float64(
     inv_freq: tuple[float, ...],
     *,
     dtype: Any,
-    device: Any,
     traced: bool,
 ) -> tuple[Any, Any]:
     f64 = xp.float64
@@ -143,9 +141,11 @@ def _by_float64(
         # Only for unsigned positions that wrapped: 2**64 positions' angle is reduced from a
         # number beyond what a tracer's integer arithmetic keeps exactly.
         back = (
-            xp.asarray(turns(1 << env.index_bits, inv_freq), dtype=f64, device=device) if unsigned else None
+            xp.asarray(turns(1 << env.index_bits, inv_freq), dtype=f64, device=env.device)
+            if unsigned
+            else None
         )
-        return xp.asarray(steps, dtype=f64, device=device), back
+        return xp.asarray(steps, dtype=f64, device=env.device), back
 
     # Row j: the angle of 2**(21 j) positions, reduced exactly; back: that of 2**bits positions.
     key = ("float64", inv_freq, unsigned)
@@ -184,12 +184,11 @@ def _by_digits(
     inv_freq: tuple[float, ...],
     *,
     dtype: Any,
-    device: Any,
     traced: bool,
 ) -> tuple[Any, Any]:
     bits = int_info(xp, signed.dtype)[0]
     levels = -(-(bits - 1) // RADIX_BITS)  # magnitudes have bits - 1 bits
-    cos_rows, sin_rows = digit_tables(xp, env, inv_freq, levels, dtype, device, traced)
+    cos_rows, sin_rows = digit_tables(xp, env, inv_freq, levels, dtype, traced)
     shape, pairs = tuple(signed.shape), len(inv_freq)
     count = math.prod(shape)
     flat = xp.reshape(signed, (count,))
@@ -208,8 +207,8 @@ def _by_digits(
 
         def wrap() -> tuple[Any, Any]:
             cos_sin = _wrap_turn(inv_freq, env.index_bits)
-            return xp.asarray(cos_sin[0], dtype=dtype, device=device), xp.asarray(
-                cos_sin[1], dtype=dtype, device=device
+            return xp.asarray(cos_sin[0], dtype=dtype, device=env.device), xp.asarray(
+                cos_sin[1], dtype=dtype, device=env.device
             )
 
         cw, sw = _constant(xp, env, ("wrap", inv_freq, dtype), wrap, 2, traced)
@@ -257,17 +256,17 @@ def _fixed(n: int, theta: float, bits: int) -> int:
 
 
 def digit_tables(
-    xp: Any, env: Environment, inv_freq: tuple[float, ...], levels: int, dtype: Any, device: Any, traced: bool
+    xp: Any, env: Environment, inv_freq: tuple[float, ...], levels: int, dtype: Any, traced: bool
 ) -> tuple[Any, Any]:
     """The digit tables on the device, cached there (never while tracing: nothing traced is kept,
     and dynamo could not read the cache's keys)."""
     if traced and is_library(xp, "torch"):
-        return _traced_torch_tables(inv_freq, levels, dtype, device)
+        return _traced_torch_tables(inv_freq, levels, dtype, env.device)
 
     def build() -> tuple[Any, Any]:
         cos_rows, sin_rows = host_digit_tables(inv_freq, levels)
-        return xp.asarray(cos_rows, dtype=dtype, device=device), xp.asarray(
-            sin_rows, dtype=dtype, device=device
+        return xp.asarray(cos_rows, dtype=dtype, device=env.device), xp.asarray(
+            sin_rows, dtype=dtype, device=env.device
         )
 
     return _constant(xp, env, ("digits", inv_freq, levels, dtype), build, levels * ROWS, traced)

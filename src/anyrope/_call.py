@@ -106,9 +106,7 @@ def rope_call(
         head_dim=rotary.head_dim,
     )  # fmt: skip
     ctx = plan.ctx
-    spec = position_spec(
-        ctx.xp, ctx.env, positions, offset, ctx.device, traced=ctx.traced, streams=rotary.streams
-    )
+    spec = position_spec(ctx.xp, ctx.env, positions, offset, traced=ctx.traced, streams=rotary.streams)
     for (_, x), (arg, axis, _, _) in zip(arrays, plan.arrays, strict=True):
         spec.check(x, arg, axis)
     if inplace:
@@ -246,9 +244,7 @@ def cos_sin(rotary: Rotary, positions: Any, like: Any) -> tuple[Any, Any]:
     xp = ctx.xp
     if not isdtype(xp, like.dtype, "real floating"):
         raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
-    spec = position_spec(
-        xp, ctx.env, positions, 0, ctx.device, ndims=None, traced=ctx.traced, streams=rotary.streams
-    )
+    spec = position_spec(xp, ctx.env, positions, 0, ndims=None, traced=ctx.traced, streams=rotary.streams)
     source = PositionTables(rotary, ctx, spec, 0)  # explicit positions: no sequence length
     cos, sin = source.tables(0, compute_dtype(xp, like.dtype))
     if rotary.clockwise:

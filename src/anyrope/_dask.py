@@ -127,7 +127,7 @@ def _with_positions(
     da = _dask()
     rotary, spec, ctx = source.rotary, source.spec, source.ctx
     seq = work.shape[at]
-    positions = spec.positions(ctx.xp, ctx.env, seq, ctx.device)
+    positions = spec.positions(ctx.xp, ctx.env, seq)
     streams = 1
     if isinstance(spec, MultiAxis):
         streams = positions.shape[0]
@@ -146,7 +146,7 @@ def _with_positions(
         if source.host is not None:
             rotary = rotary.at_length(max(1, source.host[1] + 1))
         else:
-            extra = [spec.largest(ctx.xp, ctx.env, seq, ctx.device), ()]
+            extra = [spec.largest(ctx.xp, ctx.env, seq), ()]
     return da.blockwise(
         _rotate_block, axes, work, axes, positions, index, *extra, dtype=work.dtype, meta=work._meta,
         concatenate=True, rotary=rotary, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis,
@@ -175,7 +175,7 @@ def _rotate_block(
         positions = xp.asarray(positions, device=ctx.device)  # CuPy chunks: their positions on the GPU
     if rotary.streams > 1 and not multi and positions.ndim == 2:  # per-row offsets: every stream alike
         positions = xp.stack([positions] * rotary.streams)
-    spec = position_spec(xp, ctx.env, positions, 0, ctx.device, streams=rotary.streams)
+    spec = position_spec(xp, ctx.env, positions, 0, streams=rotary.streams)
     source: Any = PositionTables(rotary, ctx, spec, block.shape[seq_axis])
     if sign is not None:
         source = XPosTables(source, sign)

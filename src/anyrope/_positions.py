@@ -40,14 +40,14 @@ class PositionSpec:
     def check(self, x: Any, arg: str, axis: int) -> None:
         """Raise ValueError if ``x`` (sequence along ``axis``) does not fit these positions."""
 
-    def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
+    def positions(self, xp: Any, env: Environment, seq: int) -> Any:
         """Integer positions on the device, shape (seq,) or (rows, seq)."""
         raise NotImplementedError
 
-    def largest(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
+    def largest(self, xp: Any, env: Environment, seq: int) -> Any:
         """The largest position as a 0-d device array in the index dtype (traceable); positions
         past that dtype's range count as its largest value."""
-        return xp.max(_saturated(xp, env, self.positions(xp, env, seq, device)))
+        return xp.max(_saturated(xp, env, self.positions(xp, env, seq)))
 
     def host(self, seq: int) -> Any:
         """The positions as a (rows, seq) int64 NumPy array where they are known on the host, else None."""
@@ -80,15 +80,15 @@ class Offset(PositionSpec):
                 f"offset={self.start}", self.start + x.shape[axis] - 1, self.limit, arg, x.shape[axis]
             )
 
-    def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
+    def positions(self, xp: Any, env: Environment, seq: int) -> Any:
         dtype = env.index
         if env.index_bits == 64 and isinstance(self.start, int) and -(2**31) <= self.start <= 2**31 - seq:
             dtype = getattr(xp, "int32", dtype)  # half the digit tables where angles are formed by digits
         if type(self.start) is int and self.start + seq >= 2 ** (env.index_bits - 1):
             # the last position fits but arange's stop, one past it, does not
-            start = xp.asarray(self.start, dtype=dtype, device=device)
-            return xp.arange(seq, dtype=dtype, device=device) + start
-        return xp.arange(self.start, self.start + seq, dtype=dtype, device=device)
+            start = xp.asarray(self.start, dtype=dtype, device=env.device)
+            return xp.arange(seq, dtype=dtype, device=env.device) + start
+        return xp.arange(self.start, self.start + seq, dtype=dtype, device=env.device)
 
     def host(self, seq: int) -> Any:
         import numpy as np
@@ -157,18 +157,18 @@ class ArrayOffset(PositionSpec):
                 f"offset {span[1]} (the largest)", span[1] + x.shape[axis] - 1, self.limit, arg, x.shape[axis]
             )
 
-    def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
+    def positions(self, xp: Any, env: Environment, seq: int) -> Any:
         given = self.start.array()
         start, unsigned = _widened(xp, env, given)
-        steps = xp.arange(seq, dtype=env.index, device=device)
+        steps = xp.arange(seq, dtype=env.index, device=env.device)
         positions = start[..., None] + steps if given.ndim else start + steps
         # Unsigned offsets as wide as the index dtype were added in it, wrapping: cast back, so
         # the angles read the values as unsigned again (see _angles.index_positions).
         return xp.astype(positions, given.dtype) if unsigned else positions
 
-    def largest(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
+    def largest(self, xp: Any, env: Environment, seq: int) -> Any:
         start = xp.max(_saturated(xp, env, self.start.array()))
-        bound = xp.full((), 2 ** (env.index_bits - 1) - seq, dtype=env.index, device=device)
+        bound = xp.full((), 2 ** (env.index_bits - 1) - seq, dtype=env.index, device=env.device)
         return xp.minimum(start, bound) + (seq - 1)  # saturated: adding seq - 1 cannot wrap
 
     def host(self, seq: int) -> Any:
@@ -198,7 +198,7 @@ class Positions(PositionSpec):
     def check(self, x: Any, arg: str, axis: int) -> None:
         _check_positions(self.values.shape, x, arg, axis)
 
-    def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
+    def positions(self, xp: Any, env: Environment, seq: int) -> Any:
         return self.values.array()
 
     def host(self, seq: int) -> Any:
@@ -226,7 +226,7 @@ class MultiAxis(PositionSpec):
     def check(self, x: Any, arg: str, axis: int) -> None:
         _check_positions(self.values.shape[1:], x, arg, axis)
 
-    def positions(self, xp: Any, env: Environment, seq: int, device: Any) -> Any:
+    def positions(self, xp: Any, env: Environment, seq: int) -> Any:
         return self.values.array()
 
     def host_range(self, seq: int) -> tuple[int, int] | None:
@@ -301,7 +301,6 @@ def position_spec(
     env: Environment,
     positions: Any,
     offset: Any,
-    device: Any,
     *,
     ndims: Sequence[int] | None = (1, 2),
     traced: bool = False,
@@ -318,7 +317,7 @@ def position_spec(
     if positions is not None:
         if not (type(offset) is int and offset == 0):
             raise ValueError("pass positions or offset, not both (positions already say where each token is)")
-        values = _given_integers(xp, env, positions, device, "positions", traced)
+        values = _given_integers(xp, env, positions, "positions", traced)
         if streams > 1 and values.ndim > 1:
             return _multi_axis(values, streams, ndims)
         if ndims is not None and values.ndim not in ndims:
@@ -335,7 +334,7 @@ def position_spec(
                 f"not {type(offset).__name__}"
             )
         return Offset(_fits(int(offset), env, "offset"), limit)
-    values = _given_integers(xp, env, offset, device, "offset", traced)
+    values = _given_integers(xp, env, offset, "offset", traced)
     if values.ndim > 1:
         raise ValueError(
             f"offset must be one int, or 1-d with one int per batch row; got shape {values.shape}"
@@ -374,12 +373,10 @@ def _fits(value: int, env: Environment, arg: str) -> int:
     return value
 
 
-def _given_integers(
-    xp: Any, env: Environment, value: Any, device: Any, arg: str, traced: bool
-) -> GivenIntegers:
+def _given_integers(xp: Any, env: Environment, value: Any, arg: str, traced: bool) -> GivenIntegers:
     """``value`` (an integer array, or nested Python ints) checked, with its host view where there is one."""
     if is_array(value):
-        check_same_device(xp, device, "the call's arrays", **{arg: value})
+        check_same_device(xp, env.device, "the call's arrays", **{arg: value})
         if not isdtype(xp, value.dtype, "integral"):
             raise TypeError(
                 f"{arg} must be an integer array, got dtype {value.dtype}; positions count tokens, "
@@ -403,7 +400,7 @@ def _given_integers(
         _fits(number, env, arg)
 
     def make() -> Any:
-        return xp.asarray(value, dtype=env.index, device=device)
+        return xp.asarray(value, dtype=env.index, device=env.device)
 
     try:
         known = None if traced else _numpy_of(value)

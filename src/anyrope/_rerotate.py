@@ -113,13 +113,13 @@ def rerotate(
     lengths = [_length(old_length, "old_length"), _length(new_length, "new_length")]
     others = [(arg, value) for arg, value in (("positions", positions), ("offset", offset), ("shift", shift))]
     ctx = call_context(("k", k), *others, grad_of=(k,))
-    xp, env, device, traced = ctx.xp, ctx.env, ctx.device, ctx.traced
+    xp, env, traced = ctx.xp, ctx.env, ctx.traced
     check_input(xp, k, arg="k", head_dim=old.head_dim)
     axis = normalize_seq_axis(seq_axis, k.ndim, arg="k")
-    spec = position_spec(xp, env, positions, offset, device, traced=traced, streams=old.streams)
+    spec = position_spec(xp, env, positions, offset, traced=traced, streams=old.streams)
     spec.check(k, "k", axis)
     seq, compute = k.shape[axis], compute_dtype(xp, k.dtype)
-    moved = spec if _no_shift(shift) else _shifted(xp, env, spec, seq, device, shift, old.streams, traced)
+    moved = spec if _no_shift(shift) else _shifted(xp, env, spec, seq, shift, old.streams, traced)
     moved.check(k, "k", axis)
     work = xp.float64 if env.float64 else compute  # the difference of two rotations, formed wide
     tables = []
@@ -152,7 +152,6 @@ def _shifted(
     env: Environment,
     spec: PositionSpec,
     seq: int,
-    device: Any,
     shift: Any,
     streams: int,
     traced: bool,
@@ -171,13 +170,13 @@ def _shifted(
         delta = check_int(shift, "shift")  # NumPy integers
     if not traced and type(delta) is int:
         check_shift(spec, seq, delta, env)
-    positions = spec.positions(xp, env, seq, device)
+    positions = spec.positions(xp, env, seq)
     if positions.dtype != env.index:
         positions = xp.astype(positions, env.index)  # (an Offset's may be int32: the shift could overflow it)
     rank = delta.ndim if is_array(delta) else 0
     multi = isinstance(spec, MultiAxis)
     if rank == 0:
-        return position_spec(xp, env, positions + delta, 0, device, traced=traced, streams=streams)
+        return position_spec(xp, env, positions + delta, 0, traced=traced, streams=streams)
     shape = tuple(delta.shape)
     if streams == 1 and rank == 1:  # one shift per batch row
         moved = positions + delta[:, None]
@@ -190,4 +189,4 @@ def _shifted(
     else:
         wanted = f"(streams={streams},) or ({streams}, batch)" if streams > 1 else "(batch,)"
         raise ValueError(f"shift of shape {shape} does not fit; give one int, a 0-d array, or shape {wanted}")
-    return position_spec(xp, env, moved, 0, device, traced=traced, streams=streams)
+    return position_spec(xp, env, moved, 0, traced=traced, streams=streams)

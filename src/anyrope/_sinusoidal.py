@@ -42,16 +42,16 @@ def sinusoidal(positions: Any, dim: int, *, base: float = 10000.0, dtype: Any = 
            [0.8415, 0.5403, 0.01  , 1.    ]], dtype=float32)
     """
     ctx = call_context(("positions", positions), grad_of=())
-    xp, env, device = ctx.xp, ctx.env, ctx.device
+    xp, env = ctx.xp, ctx.env
     dim = check_int(dim, "dim", low=1, even=True, why=" (sin and cos fill pairs)")
     base = check_positive(base, "base")
     dtype = xp.float32 if dtype is None else dtype
     if not isdtype(xp, dtype, "real floating"):
         raise TypeError(f"dtype must be a real floating dtype, got {dtype}")
-    spec = position_spec(xp, env, positions, 0, device, ndims=None, traced=ctx.traced)
-    values = spec.positions(xp, env, 0, device)
+    spec = position_spec(xp, env, positions, 0, ndims=None, traced=ctx.traced)
+    values = spec.positions(xp, env, 0)
     frequencies = plain_frequencies(dim, float(base))
     work = compute_dtype(xp, dtype)
-    cos, sin = cos_sin(xp, env, values, frequencies, dtype=work, device=device, traced=ctx.traced)
+    cos, sin = cos_sin(xp, env, values, frequencies, dtype=work, traced=ctx.traced)
     pairs = xp.stack([sin, cos], axis=-1)
     return xp.astype(xp.reshape(pairs, (*values.shape, dim)), dtype)

@@ -48,8 +48,8 @@ def prefix_tables(
 
     def build(n: int) -> tuple[Any, Any]:
         with untracked(xp):
-            positions = Offset(0).positions(xp, ctx.env, n, ctx.device)
-            tables = cos_sin(xp, ctx.env, positions, freqs.inv_freq, dtype=dtype, device=ctx.device)
+            positions = Offset(0).positions(xp, ctx.env, n)
+            tables = cos_sin(xp, ctx.env, positions, freqs.inv_freq, dtype=dtype)
             cos, sin = scaled(tables, freqs.scale)
         materialize(xp, cos, sin)  # the cache shares them across threads
         return cos, sin
@@ -91,7 +91,7 @@ class PositionTables:
         ctx, xp, rotary = self.ctx, self.ctx.xp, self.rotary
         if math.prod(short_tables[0].shape) == 0:  # no positions: no largest one
             return short_tables
-        largest = self.spec.largest(xp, ctx.env, self.seq, ctx.device)
+        largest = self.spec.largest(xp, ctx.env, self.seq)
         if long is None:  # DynamicNTK: frequencies from the length itself
             work = xp.float64 if ctx.env.float64 else xp.float32
             with float64_scope(xp) if ctx.env.float64 else contextlib.nullcontext():
@@ -137,7 +137,7 @@ class PositionTables:
         stream's tables for its own pairs (``pick`` takes their frequencies by index), then put in
         pair order."""
         ctx = self.ctx
-        positions = self.spec.positions(ctx.xp, ctx.env, seq, ctx.device)
+        positions = self.spec.positions(ctx.xp, ctx.env, seq)
         sections = self.rotary.sections
         if not isinstance(self.spec, MultiAxis):  # every stream at these positions
             if sections is not None and sections.reordered:
@@ -163,7 +163,7 @@ class PositionTables:
             if isinstance(spec, Offset):
                 start = spec.start
                 return cached[0][start : start + seq, ...], cached[1][start : start + seq, ...]
-            positions = spec.positions(xp, ctx.env, seq, ctx.device)
+            positions = spec.positions(xp, ctx.env, seq)
             flat = xp.reshape(positions, (-1,))
             if flat.dtype != ctx.env.index:
                 flat = xp.astype(flat, ctx.env.index)
@@ -174,9 +174,7 @@ class PositionTables:
         tables = self._each_stream(
             seq,
             freqs.inv_freq,
-            lambda p, pairs: cos_sin(
-                xp, ctx.env, p, pairs, dtype=dtype, device=ctx.device, traced=ctx.traced
-            ),
+            lambda p, pairs: cos_sin(xp, ctx.env, p, pairs, dtype=dtype, traced=ctx.traced),
             lambda pairs: tuple(freqs.inv_freq[j] for j in pairs),
         )
         return scaled(tables, freqs.scale)

@@ -36,7 +36,7 @@ def xpos_scale(
     assert rotary.xpos_scale_base is not None
     work = xp.float64 if env.float64 else xp.float32
     with float64_scope(xp) if env.float64 else contextlib.nullcontext():
-        positions = xp.astype(spec.positions(xp, env, seq, ctx.device), work)
+        positions = xp.astype(spec.positions(xp, env, seq), work)
         rates = xp.asarray(
             [sign * z / rotary.xpos_scale_base for z in log_zeta(rotary.rotary_dim)],
             dtype=work,
