@@ -138,9 +138,10 @@ def test_narrow_position_dtypes(torch_backend: Backend, dtype: str) -> None:
     assert torch.equal(fast, generic)
 
 
-def test_declines_what_it_cannot_form(torch_backend: Backend) -> None:
-    """xPos, and DynamicNTK choosing its frequencies on the device, go to the generic kernel by
-    default; forced, the Triton kernel says it declined."""
+def test_declares_what_it_cannot_form(torch_backend: Backend) -> None:
+    """xPos, and DynamicNTK choosing its frequencies on the device, are outside the Triton
+    kernel's declaration: they go to the generic kernel by default, and forced, the kernel is
+    refused before any work, naming what the call has."""
     import torch
 
     x = _tensor(torch_backend, (2, 3, 6, 16))
@@ -160,7 +161,7 @@ def test_declines_what_it_cannot_form(torch_backend: Backend) -> None:
         torch.compile(traced_dynamic, fullgraph=True, backend="aot_eager")(x, positions), want_dynamic
     )
     with (
-        pytest.raises(ValueError, match="kernel 'triton' cannot rotate q here: it declined"),
+        pytest.raises(ValueError, match="kernel 'triton' cannot rotate q here: positions from xpos"),
         anyrope.use_fast_paths("triton"),
     ):
         xpos(x, x)
