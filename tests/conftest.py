@@ -33,6 +33,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "kernel_takes(*what): only kernels (and backends) that take in-place writes or gradients"
     )
+    config.addinivalue_line(
+        "markers",
+        "backends(*names): run only on these backends (a name, or a target such as torch-cuda); "
+        "the others are not parametrized, so nothing is built to be skipped",
+    )
 
 
 def _selected(config: pytest.Config) -> list[str]:
@@ -127,6 +132,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
         return
     targets = _selected(metafunc.config)
+    only = metafunc.definition.get_closest_marker("backends")
+    if only is not None:  # a backend or a target: "torch" takes torch-cuda too, "torch-cuda" alone
+        targets = [t for t in targets if t in only.args or target_ids()[t][0] in only.args]
     if "kernel" in metafunc.fixturenames:  # each kernel with what it declares it takes
         names, combos = _kernel_combos(metafunc, targets)
         metafunc.parametrize(names, combos, indirect=["backend", "kernel"], scope="session")

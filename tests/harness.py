@@ -76,6 +76,12 @@ class Backend:
         return getattr(self.xp, name)
 
     @property
+    def host_values(self) -> bool:
+        """Whether anyrope reads this backend's integer values on the host (NumPy arrays, CPU torch
+        tensors outside tracing): there host-known checks and cached rows apply."""
+        return self.name == "numpy" or (self.name == "torch" and self.device_kind == "cpu")
+
+    @property
     def index(self) -> str:
         """The widest integer dtype: int32 for JAX without x64."""
         return "int64" if self.name != "jax" or "float64" in self.dtypes else "int32"

@@ -28,12 +28,11 @@ from harness import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "src" / "anyrope" / "_kernels"
+pytestmark = pytest.mark.backends("numpy")  # the source runs on the host on NumPy arrays
 
 
 @pytest.fixture(scope="module")
 def library(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    if backend.name != "numpy":
-        pytest.skip("the CUDA source runs on the host on NumPy arrays: tested in the NumPy session")
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not installed (the CUDA toolkit's compiler)")

@@ -17,13 +17,12 @@ from anyrope.scaling import DynamicNTK, YaRN
 
 from harness import Backend
 
+pytestmark = pytest.mark.backends("dask")
 RNG = np.random.default_rng(11)
 
 
 @pytest.fixture
 def da(backend: Backend) -> Any:
-    if backend.name != "dask":
-        pytest.skip("dask arrays only")
     import dask.array
 
     return dask.array

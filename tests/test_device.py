@@ -29,10 +29,12 @@ ROPES = {
 }
 
 
+# CUDA only: run with --backend torch-cuda on a machine with an NVIDIA GPU
+pytestmark = pytest.mark.backends("torch-cuda")
+
+
 @pytest.fixture
 def cuda(backend: Backend) -> Any:
-    if backend.name != "torch" or backend.device_kind != "cuda":
-        pytest.skip("CUDA only: run with --backend torch-cuda on a machine with an NVIDIA GPU")
     import torch
 
     return torch

@@ -253,9 +253,8 @@ def test_out_and_inplace_are_checked(backend: Backend) -> None:
             anyrope.apply(x, cos, sin, out=backend.asarray(np.zeros((4, 5, 8)), "float64"))
 
 
+@pytest.mark.backends("torch")
 def test_inplace_refuses_tensors_that_require_grad(backend: Backend) -> None:
-    if backend.name != "torch":
-        pytest.skip("requires_grad is PyTorch's")
     x = backend.asarray(np.zeros((4, 5, 8)), "float32").requires_grad_(True)
     with pytest.raises(ValueError, match="q requires grad: rotating in place would break autograd"):
         anyrope.RoPE(8)(x, inplace=True)

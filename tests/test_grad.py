@@ -69,9 +69,8 @@ def test_gradient_through_q_and_k_in_half_precision(grad_backend: Backend, dtype
     assert_close(backend, grad, backend.to_numpy(expected), dtype)
 
 
+@pytest.mark.backends("torch")
 def test_torch_tables_built_in_inference_mode_serve_autograd(backend: Backend) -> None:
-    if backend.name != "torch":
-        pytest.skip("torch.inference_mode is PyTorch's")
     import torch
 
     anyrope.table_cache.clear()

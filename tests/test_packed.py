@@ -190,10 +190,6 @@ def test_fallback_without_searchsorted_agrees(backend: Backend, lengths: list[in
     np.testing.assert_array_equal(backend.to_numpy(counted), want)
 
 
-def _host_values_known(backend: Backend) -> bool:
-    return backend.name == "numpy" or (backend.name == "torch" and backend.device_kind == "cpu")
-
-
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
@@ -280,7 +276,7 @@ def test_rejects_bad_arguments(backend: Backend, call: Any, error: type[Exceptio
 def test_rejects_bad_cu_seqlens_known_on_the_host(
     backend: Backend, cu: list[int], total: int, match: str
 ) -> None:
-    if not _host_values_known(backend):
+    if not backend.host_values:
         pytest.skip(f"{backend.id}: cu_seqlens' values are not read on the host")
     with pytest.raises(ValueError, match=match):
         packed_positions(backend.asarray(np.array(cu)), total)

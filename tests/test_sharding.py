@@ -30,13 +30,12 @@ COLLECTIVES = (
     "reduce-scatter",
     "collective-broadcast",
 )
+pytestmark = pytest.mark.backends("jax")
 RNG = np.random.default_rng(5)
 
 
 @pytest.fixture
 def jax(backend: Backend) -> Any:
-    if backend.name != "jax":
-        pytest.skip("JAX sharding")
     import jax
 
     if len(jax.devices()) < 8:

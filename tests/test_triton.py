@@ -24,12 +24,11 @@ from anyrope.scaling import DynamicNTK
 from harness import Backend
 
 TRITON = next(k for k in anyrope.kernels() if k.name == "triton")
+pytestmark = pytest.mark.backends("torch")  # the tests that take a backend: the kernel's library
 
 
 @pytest.fixture
 def torch_backend(backend: Backend) -> Backend:
-    if backend.name != "torch":
-        pytest.skip("the Triton kernel takes torch tensors")
     device_type = environment(backend.xp, backend.device).device_type
     if device_type not in TRITON.devices:
         pytest.skip(f"the Triton kernel runs on {device_type} only under TRITON_INTERPRET=1")
