@@ -13,6 +13,7 @@ __all__ = [
     "compute_dtype",
     "dtype_name",
     "float_bits",
+    "index_kind",
     "input_kind",
     "int_info",
     "isdtype",
@@ -55,6 +56,17 @@ def int_info(xp: Any, dtype: Any) -> tuple[int, bool]:
         return int(info.max).bit_length() + signed, signed
 
     return _dtype_fact("int info", dtype, compute)  # type: ignore[no-any-return]
+
+
+def index_kind(xp: Any, dtype: Any) -> tuple[bool, bool]:
+    """(integral?, 64-bit unsigned?) of a positions array's dtype: what every call with positions
+    asks, in one look-up."""
+
+    def compute() -> tuple[bool, bool]:
+        integral = bool(xp.isdtype(dtype, "integral"))
+        return integral, integral and int_info(xp, dtype) == (64, False)
+
+    return _dtype_fact("index kind", dtype, compute)  # type: ignore[no-any-return]
 
 
 def dtype_name(dtype: Any) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ._angles import index_positions
 from ._compat import Environment, check_same_device, host_array, is_array
-from ._dtypes import int_info, isdtype
+from ._dtypes import index_kind, int_info
 
 __all__ = [
     "ArrayOffset",
@@ -377,14 +377,13 @@ def _given_integers(xp: Any, env: Environment, value: Any, arg: str, traced: boo
     """``value`` (an integer array, or nested Python ints) checked, with its host view where there is one."""
     if is_array(value):
         check_same_device(xp, env.device, "the call's arrays", **{arg: value})
-        if not isdtype(xp, value.dtype, "integral"):
+        integral, unsigned64 = index_kind(xp, value.dtype)
+        if not integral:
             raise TypeError(
                 f"{arg} must be an integer array, got dtype {value.dtype}; positions count tokens, "
                 "so cast them to an integer dtype (fractional positions come from scaling=, not from here)"
             )
-        return GivenIntegers(
-            value, host_array(xp, value, traced), unsigned64=int_info(xp, value.dtype) == (64, False)
-        )
+        return GivenIntegers(value, host_array(xp, value, traced), unsigned64=unsigned64)
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{arg} must be an integer array or a sequence of ints, not {type(value).__name__}")
     if not traced and all(type(v) is int for v in value):  # one int per row: the common case, quickly

@@ -80,7 +80,10 @@ def _run_kernel(
     source = np.ascontiguousarray(host).reshape(shape5)
     if out is None:  # a fresh NumPy buffer (wrapped for torch: a third of new_empty's cost)
         buffer = np.empty(x.shape, dtype=source.dtype)
-        target, separate, out = buffer.reshape(shape5), True, _wrap(x, buffer, numpy)
+        wrapped = (
+            (buffer if buffer.dtype == x.dtype else buffer.view(x.dtype)) if numpy else _as_tensor(x, buffer)
+        )
+        target, separate, out = buffer.reshape(shape5), True, wrapped
     else:
         target = host_view(out).reshape(shape5)
         separate = not np.shares_memory(source, target)
@@ -111,10 +114,8 @@ def _int16() -> Any:
     return np.int16
 
 
-def _wrap(x: Any, buffer: Any, numpy: bool) -> Any:
-    """The kernel's output buffer as x's kind of array (``numpy``: a NumPy array), shape and dtype."""
-    if numpy:
-        return buffer if buffer.dtype == x.dtype else buffer.view(x.dtype)
+def _as_tensor(x: Any, buffer: Any) -> Any:
+    """The kernel's NumPy output buffer as a tensor of x's dtype, sharing its memory."""
     import torch
 
     wrapped = torch.from_numpy(buffer)
