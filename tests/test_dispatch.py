@@ -36,6 +36,7 @@ def test_import_loads_no_array_library() -> None:
 # form angles in the kernel and keep no tables, so these tests keep to the generic kernel.
 
 
+@pytest.mark.feature("table-cache")
 def test_cache_grows_by_doubling_and_is_reused(backend: Backend) -> None:
     anyrope.table_cache.clear()
     rope = anyrope.RoPE(8, base=777.0)
@@ -50,6 +51,7 @@ def test_cache_grows_by_doubling_and_is_reused(backend: Backend) -> None:
     assert info["nbytes"] - info["constant_nbytes"] == 512 * 8 * 4
 
 
+@pytest.mark.feature("table-cache")
 def test_cache_keys_on_library_device_and_dtype(backend: Backend) -> None:
     anyrope.table_cache.clear()
     rope = anyrope.RoPE(8, base=778.0)
@@ -82,6 +84,7 @@ def test_cache_respects_its_bound(backend: Backend) -> None:
         cache.clear()
 
 
+@pytest.mark.feature("table-cache")
 def test_cache_under_threads(backend: Backend) -> None:
     anyrope.table_cache.clear()
     rope = anyrope.RoPE(16, base=4321.0)

@@ -173,7 +173,9 @@ class Environment:
     ``float64``: float64 arithmetic works on the device. ``angles``: how narrow (float32 and
     smaller) tables are formed, "float64" (the device's own float64 cos and sin, then a cast) or
     "digits" (exact host tables combined in float32 on the device, see :mod:`._angles`).
-    ``index``: the widest integer dtype there (int32 for JAX without x64).
+    ``index``: the widest integer dtype there (int32 for JAX without x64). ``lazy``: arrays are
+    graphs computed later (Dask), so tables are not kept: gathering rows of a kept table by
+    lazy positions would leave chunks of unknown size.
     """
 
     library: str
@@ -183,6 +185,7 @@ class Environment:
     index: Any
     index_bits: int
     device: Any
+    lazy: bool = False
 
 
 _environments: Memo[Environment] = Memo()
@@ -213,7 +216,8 @@ def _probe(xp: Any, device: Any, jax_x64: bool) -> Environment:
     # MLX does float64 on its CPU stream only, and its float64 cos and sin are float32-accurate:
     # exact host tables combined on the device serve every MLX device alike.
     angles = "float64" if wide and not isinstance(xp, MLXNamespace) else "digits"
-    return Environment(library, kind, wide, angles, getattr(xp, f"int{bits}"), bits, device)
+    lazy = library == "dask.array"
+    return Environment(library, kind, wide, angles, getattr(xp, f"int{bits}"), bits, device, lazy)
 
 
 def _jax_x64() -> bool:

@@ -109,7 +109,9 @@ def candidates(key: KernelKey, switch: Switch) -> tuple[Kernel, ...]:
 def choose(job: Job, switch: Switch) -> Kernel:
     """The kernel that runs ``job``: the first that takes it, or ValueError where the kernel the
     switch names does not (the generic kernel takes every job)."""
-    found = _candidates.find((job.key, switch)) or candidates(job.key, switch)
+    found = None if job.key.traced else _candidates.find((job.key, switch))  # no memo read while traced
+    if not found:
+        found = candidates(job.key, switch)
     if found:
         return found[0]
     forced = _allowed(switch)[0]

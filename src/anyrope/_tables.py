@@ -149,7 +149,7 @@ class PositionTables:
     def _cached(self, freqs: PairFrequencies, seq: int, dtype: Any) -> tuple[Any, Any] | None:
         """The cached prefix table covering this call's positions, where they are known on the
         host, not negative, and rows of the plain spectrum serve them."""
-        if self.ctx.traced or not self.plain:
+        if self.ctx.traced or not self.plain or self.ctx.env.lazy:
             return None
         host = self.host if seq == self.seq else self.spec.host_range(seq)
         if host is None or host[0] < 0:
