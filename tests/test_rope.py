@@ -244,7 +244,7 @@ def _pair_norms(x: Any, layout: str, rotary_dim: int) -> Any:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@given(offset=st.integers(-(2**40), 2**40), rotary_dim=st.sampled_from([2, 12, 32]))
+@given(offset=st.integers(-(2**31), 2**31 - 16), rotary_dim=st.sampled_from([2, 12, 32]))  # int32 too (JAX)
 def test_every_pair_keeps_its_norm(backend: Backend, layout: str, offset: int, rotary_dim: int) -> None:
     """A rotation turns each pair in its plane: every pair's norm is kept (not just the head's,
     which a swap of features would keep too), at any position, and the features past
