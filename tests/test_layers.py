@@ -5,11 +5,16 @@ its own modules is allowed only where that module imports an optional library as
 from __future__ import annotations
 
 import ast
+import pkgutil
+import re
 from pathlib import Path
 
 import anyrope
 
+import backend_toml
+
 PACKAGE = Path(anyrope.__file__).parent
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: pyproject.toml, docs/, src/
 # Modules whose top level imports an optional library: loaded when first used, so that
 # `import anyrope` imports no backend.
 LOADED_ON_FIRST_USE = {"anyrope._kernels._jit": "numba", "anyrope._kernels._triton": "triton and torch"}
@@ -46,3 +51,17 @@ def test_deferred_imports_only_of_modules_that_import_optional_libraries() -> No
     deferred = _deferred_imports()
     assert {target for _, target in deferred} <= set(LOADED_ON_FIRST_USE), deferred
     assert deferred, "the scan found nothing: the Triton and numba kernels are loaded on first use"
+
+
+def test_the_architecture_page_names_every_layered_module() -> None:
+    """docs/architecture.md describes the layers as pyproject's contract declares them: every
+    module in the contract is named on the page, and the page names no module the package lacks."""
+    contract = backend_toml.read(ROOT / "pyproject.toml")["tool"]["importlinter"]["contracts"][0]
+    declared = {name.strip() for layer in contract["layers"] for name in layer.split("|")}
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = page[page.index("| layer (top to bottom)") : page.index("Run `lint-imports`")]
+    rows = [line.split("|") for line in table.splitlines()[2:] if line.startswith("|")]
+    named = {name for row in rows for name in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", row[2])}
+    assert declared <= named, f"modules of the contract missing from the page: {sorted(declared - named)}"
+    existing = {info.name for info in pkgutil.iter_modules([str(ROOT / "src" / "anyrope")])}
+    assert named <= existing, f"the page names modules the package lacks: {sorted(named - existing)}"

@@ -111,11 +111,7 @@ def rope_call(
         spec.check(x, arg, axis)
     if inplace:
         check_writable(ctx.xp, arrays, traced=ctx.traced)
-    seq = (
-        q.shape[plan.arrays[0][1]]
-        if k is None
-        else max(q.shape[plan.arrays[0][1]], k.shape[plan.arrays[1][1]])
-    )
+    seq = max(x.shape[axis] for (_, x), (_, axis, _, _) in zip(arrays, plan.arrays, strict=True))
     source = PositionTables(rotary, ctx, spec, seq)
     sources: list[Any] = [source] * len(arrays)
     if rotary.xpos_scale_base is not None:
