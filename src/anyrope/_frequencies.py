@@ -87,8 +87,9 @@ class Spectrum:
         except (OverflowError, ZeroDivisionError):  # float ** float past float's range (NTK, huge factors)
             inv_freq, scale = (math.inf,), 1.0
         freqs = PairFrequencies(tuple(float(f) for f in inv_freq), float(scale))
-        # Each value was checked alone; together they may still leave float's range.
-        if not all(0 <= f < math.inf for f in (*freqs.inv_freq, freqs.scale)) or not freqs.scale > 0:
+        # Each value was checked alone; together they may still leave float's range. (Signs are
+        # the method's own: the mlx-lm integration's stored frequencies turn inverse= by -theta.)
+        if not all(math.isfinite(f) for f in (*freqs.inv_freq, freqs.scale)):
             at = "" if seq_len is None else f" at sequence length {shown(seq_len)}"
             raise ValueError(
                 f"base={self.base!r} with scaling={self.scaling!r}{at} gives frequencies or an attention "
