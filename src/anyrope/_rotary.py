@@ -4,7 +4,7 @@ holds one; everything below the public API reads this instead of the RoPE object
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from ._frequencies import Spectrum
 from ._layout import Layout
@@ -29,16 +29,19 @@ class Rotary:
     sections: Sections | None
     xpos_scale_base: float | None
     spectrum: Spectrum
-    #: positions per token
-    streams: int = field(init=False)
-    #: whether pair ``j`` turns by frequency ``j`` (all but axial RoPE): rows of the plain
-    #: spectrum's tables then serve every position whose streams agree
-    plain_order: bool = field(init=False)
 
-    def __post_init__(self) -> None:  # read on every call: worked out once
-        sections = self.sections
-        object.__setattr__(self, "streams", 1 if sections is None else sections.streams)
-        object.__setattr__(self, "plain_order", sections is None or not sections.reordered)
+    # Worked out from the sections, not kept as int fields: dynamo makes an int attribute that
+    # differs between compiled calls symbolic, and these choose shapes and error messages.
+    @property
+    def streams(self) -> int:
+        """Positions per token."""
+        return 1 if self.sections is None else self.sections.streams
+
+    @property
+    def plain_order(self) -> bool:
+        """Whether pair ``j`` turns by frequency ``j`` (all but axial RoPE): rows of the plain
+        spectrum's tables then serve every position whose streams agree."""
+        return self.sections is None or not self.sections.reordered
 
     @property
     def pair_streams(self) -> tuple[int, ...]:
