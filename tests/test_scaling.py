@@ -111,7 +111,7 @@ def _tolerance(backend: Backend, rope: anyrope.RoPE, dtype: str, top: int, trace
     """None for the dtype's own tolerance; for DynamicNTK past its original length, with the length
     read on a device without float64, the documented float32 frequencies: |p| * theta * 2**-22."""
     scaling = rope.scaling
-    on_device = traced or backend.name not in ("numpy", "torch")
+    on_device = traced or not backend.host_values
     if scaling is None or not scaling.continuous or "float64" in backend.dtypes or not on_device:
         return None
     return max(1e-6, top * max(rope.inv_freq) * 2.0**-22)
