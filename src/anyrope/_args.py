@@ -128,7 +128,7 @@ def check_bool(value: Any, arg: str, *, why: str = "") -> bool:
     string such as "false" would read as True."""
     if type(value) is bool:
         return value
-    if type(value).__name__ == "bool" and type(value).__module__ == "numpy":
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):  # NumPy 2, 1
         return bool(value)
     raise TypeError(f"{_subject(arg, value)} must be True or False, not {type(value).__name__}{why}")
 
