@@ -67,7 +67,9 @@ class TableSource(Protocol):
         kernel can read by position, with no gathered copy."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, a tenth of a small
+# call's time; nothing writes a job after make_job.
+@dataclass(slots=True, kw_only=True)
 class Job:
     """One array to rotate. ``out``: where to write (x itself in place), or None for a new array;
     ``inverse``: turn by the negated angles; ``compute``: the dtype the rotation is done in."""

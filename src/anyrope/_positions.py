@@ -93,6 +93,8 @@ class Offset(PositionSpec):
     def host(self, seq: int) -> Any:
         import numpy as np
 
+        if self.start + seq < 2**63:  # arange's stop fits int64: one operation
+            return np.arange(self.start, self.start + seq, dtype=np.int64)[None]
         return (np.arange(seq, dtype=np.int64) + np.int64(self.start))[None]
 
     def host_range(self, seq: int) -> tuple[int, int] | None:
