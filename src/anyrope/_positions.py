@@ -76,9 +76,7 @@ class Offset(PositionSpec):
 
     def check(self, x: Any, arg: str, axis: int) -> None:
         if self.limit is not None:
-            _check_last(
-                f"offset={self.start}", self.start + x.shape[axis] - 1, self.limit, arg, x.shape[axis]
-            )
+            _check_last(self.start, False, self.limit, arg, x.shape[axis])
 
     def positions(self, xp: Any, env: Environment, seq: int) -> Any:
         dtype = env.index
@@ -155,9 +153,7 @@ class ArrayOffset(PositionSpec):
             _check_batch(x, arg, axis, self.start.shape[0], "offset")
         span = self.start.span()  # host-known offsets only: device values are never read
         if span is not None and self.limit is not None:
-            _check_last(
-                f"offset {span[1]} (the largest)", span[1] + x.shape[axis] - 1, self.limit, arg, x.shape[axis]
-            )
+            _check_last(span[1], True, self.limit, arg, x.shape[axis])
 
     def positions(self, xp: Any, env: Environment, seq: int) -> Any:
         given = self.start.array()
@@ -253,9 +249,12 @@ def _saturated(xp: Any, env: Environment, values: Any) -> Any:
     return xp.where(wrapped, xp.full_like(signed, 2 ** (env.index_bits - 1) - 1), signed)
 
 
-def _check_last(offset: str, last: int, limit: int, arg: str, seq: int) -> None:
-    """Positions up to ``last`` must fit the index dtype (largest ``limit``): past it they would wrap."""
+def _check_last(start: int, of_several: bool, limit: int, arg: str, seq: int) -> None:
+    """Positions ``start .. start + seq - 1`` must fit the index dtype (largest ``limit``): past it
+    they would wrap. The message is formatted only when raised: this runs on every call."""
+    last = start + seq - 1
     if last > limit:
+        offset = f"offset {start} (the largest)" if of_several else f"offset={start}"
         raise ValueError(
             f"{offset} puts the last of {arg}'s {seq} positions at {last}, past {limit}, the largest "
             f"position its integers hold (it would wrap around): give offsets of at most {limit - seq + 1}"
