@@ -196,8 +196,9 @@ def environment(xp: Any, device: Any, *, traced: bool = False) -> Environment:
     setting, remembered (but made afresh while a call is traced, which reads no memo)."""
     library = library_name(xp)
     jax_x64 = library == "jax.numpy" and _jax_x64()
-    key = (library, _hashable(device), jax_x64)
-    return _environments.get(key, lambda: _probe(xp, device, jax_x64), traced=traced)
+    if traced:  # no key either: dynamo cannot trace hash() of a CUDA device
+        return _probe(xp, device, jax_x64)
+    return _environments.get((library, _hashable(device), jax_x64), lambda: _probe(xp, device, jax_x64))
 
 
 def _probe(xp: Any, device: Any, jax_x64: bool) -> Environment:

@@ -144,11 +144,12 @@ class Kernel:
     strided_out: bool = True
     table_grad: bool = True
     needs_float64: bool = False
+    # Whether every module in ``requires`` is installed: found once, when the kernel is declared,
+    # because a compiler tracing a call cannot trace importlib's lookup (dynamo refuses find_spec).
+    available: bool = field(init=False, compare=False)
 
-    @property
-    def available(self) -> bool:
-        """Whether every module in ``requires`` is installed."""
-        return all(is_installed(module) for module in self.requires)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "available", all(is_installed(module) for module in self.requires))
 
     def why_not(self, key: KernelKey) -> str | None:
         """What a job with this key has that this kernel does not take, or None if it takes it."""
