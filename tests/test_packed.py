@@ -180,10 +180,10 @@ class _WithoutSearchsorted:
 @pytest.mark.parametrize("lengths", [[3, 0, 5, 1, 0], [], [0, 0], [7]])
 def test_fallback_without_searchsorted_agrees(backend: Backend, lengths: list[int]) -> None:
     xp, index = backend.xp, backend.dtype(backend.index)
-    ends = backend.asarray(cumulative(lengths)[1:])
+    bounds = backend.asarray(cumulative(lengths))
     tokens = xp.arange(sum(lengths) + 2, dtype=index, device=backend.device)
-    fast = _packed._sequence_of(xp, ends, tokens, index)
-    counted = _packed._sequence_of(_WithoutSearchsorted(xp), ends, tokens, index)
+    fast = _packed._sequence_of(xp, bounds, tokens, index)
+    counted = _packed._sequence_of(_WithoutSearchsorted(xp), bounds, tokens, index)
     assert fast.dtype == counted.dtype == index
     want = np.searchsorted(cumulative(lengths)[1:], np.arange(sum(lengths) + 2), side="right")
     np.testing.assert_array_equal(backend.to_numpy(fast), want)

@@ -96,7 +96,7 @@ def packed_positions(cu_seqlens: Any, total: int, *, offsets: Any = None) -> Any
     index = env.index
     bounds = cu_seqlens if cu_seqlens.dtype == index else xp.astype(cu_seqlens, index)
     tokens = xp.arange(total, dtype=index, device=device)
-    sequence = _sequence_of(xp, bounds[1:], tokens, index)  # in [0, num_seqs]; num_seqs: padding
+    sequence = _sequence_of(xp, bounds, tokens, index)  # in [0, num_seqs]; num_seqs: padding
     if array_offsets is not None:
         start = start if start.dtype == index else xp.astype(start, index)
     # One gather: each sequence's shift from token index to position, and a spare entry that
@@ -190,11 +190,16 @@ def _check_offsets(known: Any, total: int, bits: int) -> None:
         )
 
 
-def _sequence_of(xp: Any, ends: Any, tokens: Any, index: Any) -> Any:
-    """Which sequence each token belongs to: how many sequence ends lie at or before it."""
+def _sequence_of(xp: Any, bounds: Any, tokens: Any, index: Any) -> Any:
+    """Which sequence each token belongs to: how many sequence ends lie at or before it.
+
+    Searched in all of ``bounds`` (0 first, which every token passes) and one taken off, not in
+    the ends ``bounds[1:]``: inductor searched a sliced sequence from its buffer's start, off by
+    one without a word (pytorch/pytorch#182343, seen with torch 2.11 on CUDA)."""
     searchsorted = getattr(xp, "searchsorted", None)
     if searchsorted is not None:
-        found = searchsorted(ends, tokens, side="right")
+        found = searchsorted(bounds, tokens, side="right")
+        found = (found if found.dtype == index else xp.astype(found, index)) - 1
     else:  # (total, num_seqs) booleans: only for namespaces without searchsorted
-        found = xp.sum(xp.astype(tokens[:, None] >= ends[None, :], index), axis=1)
+        found = xp.sum(xp.astype(tokens[:, None] >= bounds[None, 1:], index), axis=1)
     return found if found.dtype == index else xp.astype(found, index)
