@@ -67,7 +67,9 @@ def apply_matrix(x: Any, positions: Sequence[int], inv_freq: Sequence[float], *,
     for index, position in enumerate(positions):
         rot = rotation_matrix(position, inv_freq, head_dim=head_dim, layout=layout, like=x)
         row = xp.astype(x[..., index, :], rot.dtype)
-        out.append(xp.matmul(row, xp.permute_dims(rot, (1, 0))))
+        # the product as a sum of elementwise products: a matmul may run at reduced precision
+        # (TF32 by default for float32 in JAX on NVIDIA GPUs), which a reference must not
+        out.append(xp.sum(row[..., None, :] * rot, axis=-1))
     return xp.astype(xp.stack(out, axis=-2), x.dtype)
 
 
