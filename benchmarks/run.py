@@ -8,6 +8,8 @@ Each benchmark is one pyperf invocation of bench_rope.py (``--only NAME --append
 aborts a whole invocation when a worker fails, and a peer or compiler that breaks on one case
 must cost that row only. The pyperf files go to ``OUT/pyperf/``, a log per failure to
 ``OUT/logs/``, and ``OUT/run.json`` records the plan, the skips and the failures for report.py.
+Where an NVIDIA GPU is found, bench_gpu.py follows (its own process, CUDA-event timings, the GPU
+peers): ``OUT/gpu.md`` and ``OUT/gpu.json``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="--size quick, one process of 3 values each")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="default: %(default)s")
     parser.add_argument("--no-first-call", action="store_true", help="do not time first calls")
+    parser.add_argument(
+        "--no-gpu", action="store_true", help="skip bench_gpu.py (run where an NVIDIA GPU is found)"
+    )
     parser.add_argument(
         "--first-call-processes", type=int, default=5, metavar="N", help="fresh processes per first call"
     )
@@ -127,6 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 first_failed.append(
                     {"backend": backend, "variant": variant, "status": "error", "detail": why}
                 )
+    if rope_cases.has_nvidia_gpu() and not args.no_gpu:  # the GPU table: one process, CUDA events
+        gpu = subprocess.run([sys.executable, str(HERE / "bench_gpu.py"), "--out", str(out)], check=False)
+        if gpu.returncode:
+            first_failed.append({"backend": "gpu", "variant": "bench_gpu.py", "status": "error",
+                                 "detail": f"exit status {gpu.returncode}"})  # fmt: skip
     run = {"config": _config(args, pyperf_args), "not_timed": not_timed, "first_call_failed": first_failed}
     (out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
     status = rope_report.main([str(out)])

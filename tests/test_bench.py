@@ -365,3 +365,22 @@ def test_committed_docs_data_is_a_summary() -> None:
         ran = [r for r in summary["results"] if r["status"] == "ok"]
         assert ran
         assert all(r["p25_s"] <= r["median_s"] <= r["p75_s"] for r in ran)
+
+
+def test_gpu_benchmark_runs_and_checks_each_result(tmp_path: Path) -> None:
+    """bench_gpu's logic on CPU tensors at its tiny size (the GPU rows need a GPU): every variant
+    is timed or says why not, and every result held to anyrope's agrees with it."""
+    pytest.importorskip("torch")
+    import bench_gpu
+
+    assert bench_gpu.main(["--size", "tiny", "--device", "cpu", "--rounds", "1", "--target", "0.001",
+                           "--dtype", "float32", "--out", str(tmp_path)]) == 0  # fmt: skip
+    rows = json.loads((tmp_path / "gpu.json").read_text())
+    cases = {(r["case"], r["layout"]) for r in rows}
+    assert cases == {(c, layout) for c in bench_gpu.SIZES["tiny"] for layout in bench_gpu.LAYOUTS}
+    for row in rows:
+        assert row["seconds"] or "failed" in row["note"], row
+        assert not row["note"].startswith("failed"), row
+        if row["diff"] is not None and row["backend"] == "torch-cpu" and row["variant"].startswith("anyrope"):
+            assert row["diff"] == 0, row  # anyrope's own variants: the same result, bit for bit
+    assert "| float32 | half | anyrope |" in (tmp_path / "gpu.md").read_text()
