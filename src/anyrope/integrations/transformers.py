@@ -204,13 +204,12 @@ def _output_dtype(
 
 def _anyrope_forward(patch: _Patch) -> Callable[..., Any]:
     def forward(x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None) -> Any:
-        if position_ids is None:
-            raise ValueError("anyrope's rotary modules need position_ids, as transformers' own do")
         rope = patch.ropes.get(layer_type)
         if rope is None:
             raise ValueError(
                 f"layer_type={layer_type!r} is none of this model's: {sorted(map(str, patch.ropes))}"
             )
+        _check_position_ids(position_ids, rope.streams)
         dtype = patch.table_format.dtype
         like = x if dtype is None else x.new_zeros((), dtype=dtype)
         if rope.streams > 1 and (position_ids.ndim == 2 or position_ids.shape[0] == 1):
@@ -220,6 +219,29 @@ def _anyrope_forward(patch: _Patch) -> Callable[..., Any]:
         return _expand(patch.table_format, cos, sin)
 
     return forward
+
+
+def _check_position_ids(position_ids: Any, streams: int) -> None:
+    """What transformers' rotary modules take: an integer tensor of shape (batch, seq), or, for
+    M-RoPE, (streams, batch, seq). Checked here, so that an error names ``position_ids``."""
+    if position_ids is None:
+        raise ValueError("anyrope's rotary modules need position_ids, as transformers' own do")
+    if not isinstance(position_ids, torch.Tensor):
+        raise TypeError(f"position_ids must be a torch.Tensor, not {type(position_ids).__name__}")
+    if (
+        position_ids.dtype.is_floating_point
+        or position_ids.dtype.is_complex
+        or position_ids.dtype == torch.bool
+    ):
+        raise TypeError(
+            f"position_ids must be an integer tensor, got dtype {position_ids.dtype}; cast it with .long()"
+        )
+    ndims = (2, 3) if streams > 1 else (2,)
+    if position_ids.ndim not in ndims or (
+        position_ids.ndim == 3 and position_ids.shape[0] not in (1, streams)
+    ):
+        want = "(batch, seq)" + (f" or ({streams}, batch, seq)" if streams > 1 else "")
+        raise ValueError(f"position_ids must have shape {want}, got {tuple(position_ids.shape)}")
 
 
 def _counterclockwise(rope: RoPE) -> RoPE:
