@@ -6,6 +6,8 @@ Each module imports its library only when it runs, so importing this imports no 
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from .._job import ANY, Kernel
 from . import cupy_cuda, generic, mlx_compiled, numba_cpu, numpy_cpu, triton_cuda
 
@@ -13,9 +15,21 @@ __all__ = ["REGISTRY"]
 
 BOTH = frozenset({"half", "interleaved"})
 FLOATS = frozenset({"float32", "float64"})
-# The fused GPU kernels form angles from positions with fixed frequencies, by the float64 scheme
-# on 64-bit integers (see anyrope._kernel_angles), or read the caller's tables.
-FUSED = {
+
+
+class _Fused(TypedDict):
+    """What the fused GPU kernels declare alike (typed, so that ``**FUSED`` is checked)."""
+
+    sources: frozenset[str]
+    device_frequencies: bool
+    unsigned64: bool
+    table_grad: bool
+    needs_float64: bool
+
+
+# They form angles from positions with fixed frequencies, by the float64 scheme on 64-bit
+# integers (see anyrope._kernel_angles), or read the caller's tables.
+FUSED: _Fused = {
     "sources": frozenset({"offset", "row-offsets", "positions", "multi-axis", "tables"}),
     "device_frequencies": False,
     "unsigned64": False,
@@ -39,7 +53,7 @@ REGISTRY: tuple[Kernel, ...] = (
         differentiable=True,
         run=triton_cuda.run,
         requires=("triton",),
-        **FUSED,  # type: ignore[arg-type]
+        **FUSED,
     ),
     Kernel(
         name="cupy",
@@ -54,7 +68,7 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=False,
         differentiable=False,
         run=cupy_cuda.run,
-        **FUSED,  # type: ignore[arg-type]
+        **FUSED,
     ),
     Kernel(
         name="numba",
