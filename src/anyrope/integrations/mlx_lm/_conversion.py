@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import scaling as sc
+from ..._args import check_bool
 from ..._rope import RoPE
 from ._from_config import initialize_rope
 from ._libs import _rope_utils, _stored_kinds, _supported_names, mx, nn
@@ -82,6 +83,7 @@ def from_mlx_lm(module: Any, *, args: Any = None, check: bool = True) -> AnyRoPE
     ValueError
         Where the check fails.
     """
+    check = check_bool(check, "check")
     if isinstance(module, AnyRoPE):
         return module
     drop_in = AnyRoPE(_convert(module))

@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from ..._args import check_bool
 from ._conversion import from_mlx_lm
 from ._libs import _supported, nn
 from ._module import AnyRoPE
@@ -89,6 +90,11 @@ def patch_model(model: Any, *, strict: bool = True, exact: bool = True, check: b
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an mlx.nn.Module (an mlx-lm model), not {type(model).__name__}")
+    strict, exact, check = (
+        check_bool(strict, "strict"),
+        check_bool(exact, "exact"),
+        check_bool(check, "check"),
+    )
     supported = _supported()
     found: list[tuple[Any, Any, Any]] = []
     unknown: list[str] = []

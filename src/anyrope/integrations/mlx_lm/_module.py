@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ... import scaling as sc
+from ..._args import check_bool
 from ..._rope import RoPE
 from ._libs import nn
 
@@ -164,6 +165,7 @@ class AnyRoPE(nn.Module):  # type: ignore[misc]  # nn is Any
             raise ValueError(f"x has {width} features per head, fewer than the {self.dims} this rope rotates")
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
             raise TypeError(f"scale must be a finite Python number, not {scale!r}")
+        inverse = check_bool(inverse, "inverse")
         rope = self._rope
         if width != rope.head_dim or scale != 1 or inverse:
             key = (width, float(scale), bool(inverse))
