@@ -17,7 +17,11 @@ PACKAGE = Path(anyrope.__file__).parent
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: pyproject.toml, docs/, src/
 # Modules whose top level imports an optional library: loaded when first used, so that
 # `import anyrope` imports no backend.
-LOADED_ON_FIRST_USE = {"anyrope._kernels._jit": "numba", "anyrope._kernels._triton": "triton and torch"}
+LOADED_ON_FIRST_USE = {
+    "anyrope._kernels._jit": "numba",
+    "anyrope._kernels._triton": "triton and torch",
+    "anyrope._torch_ops": "torch",
+}
 
 
 def _module_name(path: Path) -> str:

@@ -187,6 +187,55 @@ def test_a_compiled_call_reads_no_memo(torch: Any) -> None:
     assert compilations == 1
 
 
+def _graph_ops(torch: Any, fn: Callable[..., Any], *args: Any) -> list[str]:
+    """The operators of the graph torch.compile hands its backend for ``fn(*args)``."""
+    seen: list[str] = []
+
+    def capture(graph: Any, example_inputs: Any) -> Any:
+        seen.extend(str(node.target) for node in graph.graph.nodes if node.op == "call_function")
+        return graph.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=capture, fullgraph=True)(*args)
+    return seen
+
+
+@pytest.mark.parametrize("rope_name", ["plain", "dynamic", "yarn"])
+def test_compiled_calls_form_their_tables_once(torch: Any, rope_name: str) -> None:
+    """Under torch.compile the tables pass once through anyrope::keep_tables, which inductor
+    cannot fuse into the rotation (else it forms the angles again for every head); q and k share
+    them. A compiled CPU call still equals the eager one bit for bit."""
+    rope = ROPES[rope_name]
+    q, k, positions = (
+        torch.randn(2, 4, 5, 8),
+        torch.randn(2, 2, 5, 8),
+        torch.tensor([[0, 1, 2, 3, 4], [9, 8, 7, 6, 5]]),
+    )
+    with anyrope.use_fast_paths(False):  # the generic path: on CUDA the Triton kernel forms no tables
+        ops = _graph_ops(torch, lambda q, k, p: rope(q, k, positions=p), q, k, positions)
+        assert sum("keep_tables" in op for op in ops) == 1, ops
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda q, k, p: rope(q, k, positions=p), fullgraph=True)(q, k, positions)
+        for got, want in zip(compiled, rope(q, k, positions=positions), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_exported_programs_keep_to_standard_operators(torch: Any) -> None:
+    """torch.export sees no anyrope operator on the generic path: ONNX and AOTInductor runtimes know
+    every operator of the program."""
+    rope = ROPES["plain"]
+    q, positions = torch.randn(2, 4, 5, 8), torch.tensor([[0, 1, 2, 3, 4], [9, 8, 7, 6, 5]])
+
+    class Rotate(torch.nn.Module):
+        def forward(self, q: Any, positions: Any) -> Any:
+            return rope(q, positions=positions)
+
+    exported = torch.export.export(Rotate(), (q, positions))
+    targets = [str(node.target) for node in exported.graph.nodes if node.op == "call_function"]
+    assert not [t for t in targets if "anyrope" in t], targets
+    torch.testing.assert_close(exported.module()(q, positions), rope(q, positions=positions), rtol=0, atol=0)
+
+
 def test_jax_vmap_and_grad() -> None:
     jax = pytest.importorskip("jax")
     jnp = jax.numpy

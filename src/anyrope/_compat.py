@@ -270,6 +270,27 @@ def is_traced(xp: Any, *arrays: Any) -> bool:
     return False
 
 
+def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
+    """A call's cos and sin tables, formed once however many arrays and heads read them.
+
+    Under ``torch.compile`` they pass through an operator inductor cannot fuse into the rotation
+    (:mod:`anyrope._torch_ops`). Not while ``torch.export`` traces: an exported program keeps to
+    standard operators, which ONNX and other runtimes know. Elsewhere they are returned as they are.
+    """
+    if not is_library(xp, "torch"):
+        return cos, sin
+    import torch
+
+    compiler: Any = torch.compiler
+    exporting = getattr(compiler, "is_exporting", lambda: False)
+    if not compiler.is_compiling() or exporting() or not hasattr(torch.library, "custom_op"):  # torch < 2.4
+        return cos, sin
+    from ._torch_ops import keep_tables as keep  # defines its operator as it loads: eagerly, never traced
+
+    kept: tuple[Any, Any] = keep(cos, sin)
+    return kept
+
+
 def host_array(xp: Any, x: Any, traced: bool) -> Any:
     """``x`` as a NumPy array sharing its memory where its values may be read on the host, else None.
 

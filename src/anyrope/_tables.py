@@ -16,7 +16,7 @@ from typing import Any
 
 from ._angles import cos_sin, cos_sin_of_angles
 from ._cache import table_cache, untracked
-from ._compat import float64_scope, materialize, take_rows
+from ._compat import float64_scope, keep_tables, materialize, take_rows
 from ._context import CallContext
 from ._frequencies import LengthSwitch, PairFrequencies
 from ._kernel_angles import OFFSET, POSITIONS, STARTS, TABLES, KernelAngles, device_steps
@@ -79,7 +79,10 @@ class PositionTables:
         key = (seq, dtype)  # q and k of one length share them
         found = self._memo.get(key)
         if found is None:
-            found = self._memo[key] = self._tables(seq, dtype)
+            found = self._tables(seq, dtype)
+            if self.ctx.traced:  # formed once, not again in the loop over each array's heads
+                found = keep_tables(self.ctx.xp, *found)
+            self._memo[key] = found
         return found
 
     def _tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
