@@ -53,6 +53,11 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports")  # pyproject's [tool.importlinter]: docs/architecture.md's layers
 
 
+# pytest-xdist: one test process per core, handed tests as they free up (compiled tests take
+# seconds, most take milliseconds). "-n 0" after -- runs in one process again.
+PARALLEL = ["-n", "auto", "--dist", "worksteal"]
+
+
 def _has_nvidia_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None or Path("/dev/nvidia0").exists()
 
@@ -80,8 +85,8 @@ def _tests(session: nox.Session, name: str, variant: str | None = None) -> None:
         if env:
             session.log(f"{name}: run with {env}")
         session.run(
-            "pytest", "--ignore=tests/peers", *(f"--backend={i}" for i in ids), *varied.get("pytest", []),
-            *session.posargs, env=env,
+            "pytest", *PARALLEL, "--ignore=tests/peers", *(f"--backend={i}" for i in ids),
+            *varied.get("pytest", []), *session.posargs, env=env,
         )  # fmt: skip
 
 
@@ -120,7 +125,7 @@ def tests_lowest(session: nox.Session) -> None:
         "uv", "pip", "install", "--python", str(Path(session.bin) / "python"), "--excludes", str(excluded),
         "--resolution", "lowest-direct", *nox.project.dependency_groups(PYPROJECT, "test"), ".[numpy,numba]",
     )  # fmt: skip
-    session.run("pytest", "--ignore=tests/peers", "--backend=numpy", *session.posargs)
+    session.run("pytest", *PARALLEL, "--ignore=tests/peers", "--backend=numpy", *session.posargs)
 
 
 # The peers' own packages, plus torch and mlx exactly as their backends/ folders install them
