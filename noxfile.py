@@ -53,9 +53,10 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports")  # pyproject's [tool.importlinter]: docs/architecture.md's layers
 
 
-# pytest-xdist: one test process per core, handed tests as they free up (compiled tests take
-# seconds, most take milliseconds). "-n 0" after -- runs in one process again.
-PARALLEL = ["-n", "auto", "--dist", "worksteal"]
+# pytest-xdist: one test process per core, each taking whole files: the code blocks of a docs
+# page share one namespace and their skip comments pair up, so a page must run in one process.
+# "-n 0" after -- runs in one process again.
+PARALLEL = ["-n", "auto", "--dist", "loadfile"]
 
 
 def _has_nvidia_gpu() -> bool:
