@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rope_runtimes import device_events
+
 BASE = 10000.0
 DTYPES = ("bfloat16", "float16", "float32")
 LAYOUTS = ("half", "interleaved")
@@ -116,31 +118,12 @@ class Timer:
     """Times a loop of calls on one library's device, and says how many calls fill ``target`` s."""
 
     def __init__(self, library: str, device: str, target: float) -> None:
-        self.library, self.device, self.target = library, device, target
-        if library == "torch":
-            self.torch = importlib.import_module("torch")
+        self.target = target
+        self._events = _device_timer(library, device)
 
     def _loop(self, call: Call, loops: int) -> float:
-        if self.library == "torch" and self.device == "cuda":
-            torch = self.torch
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            for _ in range(loops):
-                call()
-            end.record()
-            end.synchronize()
-            return float(start.elapsed_time(end)) / 1e3 / loops
-        if self.library == "cupy":
-            cupy = importlib.import_module("cupy")
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            cupy.cuda.Device().synchronize()
-            start.record()
-            for _ in range(loops):
-                call()
-            end.record()
-            end.synchronize()
-            return float(cupy.cuda.get_elapsed_time(start, end)) / 1e3 / loops
+        if self._events is not None:  # the device's own events around the loop (rope_runtimes')
+            return self._events(call, _block, loops) / loops
         # JAX (asynchronous dispatch: wait for the last result) and CPU torch (the smoke run)
         result = None
         begin = time.perf_counter()
@@ -157,6 +140,20 @@ class Timer:
 
     def time(self, call: Call, loops: int) -> float:
         return self._loop(call, loops)
+
+
+def _device_timer(library: str, device: str) -> Callable[[Call, Callable[[Any], None], int], float] | None:
+    """rope_runtimes' CUDA-event timer for torch CUDA and CuPy; None elsewhere."""
+    if library == "torch" and device == "cuda":
+        torch = importlib.import_module("torch")
+        return device_events(
+            lambda: torch.cuda.Event(enable_timing=True), torch.cuda.synchronize,
+            lambda start, end: start.elapsed_time(end),
+        )  # fmt: skip
+    if library == "cupy":
+        cupy = importlib.import_module("cupy")
+        return device_events(cupy.cuda.Event, cupy.cuda.Device().synchronize, cupy.cuda.get_elapsed_time)
+    return None
 
 
 def _block(result: Any) -> None:

@@ -62,7 +62,7 @@ def _numpy() -> Runtime:
     )  # fmt: skip
 
 
-def _device_events(
+def device_events(
     new_event: Callable[[], Any], synchronize: Callable[[], None], elapsed_ms: Callable[[Any, Any], float]
 ) -> Callable[[Call, Callable[[Any], None], int], float]:
     """A ``time_loops`` that times the device's work with two events, not the host's wall clock."""
@@ -99,7 +99,7 @@ def _torch(device: str) -> Runtime:
         copy=lambda x: x.clone(), finish=lambda result: arrays.synchronize("torch", result, device),
         scope=torch.inference_mode,
         compile=lambda fn: torch.compile(fn, fullgraph=True), compile_note="torch.compile(fullgraph=True)",
-        torch_device=device, time_loops=_device_events(
+        torch_device=device, time_loops=device_events(
             lambda: torch.cuda.Event(enable_timing=True), torch.cuda.synchronize,
             lambda start, end: start.elapsed_time(end),
         ) if device == "cuda" else _wall_clock,
@@ -156,7 +156,7 @@ def _cupy() -> Runtime:
         "cupy", "cupy", cupy, make, index=lambda values: arrays.asarray("cupy", values, "int64"),
         copy=lambda x: x.copy(),
         finish=lambda _result: synchronize(),
-        time_loops=_device_events(cupy.cuda.Event, synchronize, cupy.cuda.get_elapsed_time),
+        time_loops=device_events(cupy.cuda.Event, synchronize, cupy.cuda.get_elapsed_time),
     )  # fmt: skip
 
 

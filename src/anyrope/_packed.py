@@ -193,13 +193,12 @@ def _check_offsets(known: Any, total: int, bits: int) -> None:
 def _sequence_of(xp: Any, bounds: Any, tokens: Any, index: Any) -> Any:
     """Which sequence each token belongs to: how many sequence ends lie at or before it.
 
-    Searched in all of ``bounds`` (0 first, which every token passes) and one taken off, not in
+    Counted in all of ``bounds`` (0 first, which every token passes) and one taken off, not in
     the ends ``bounds[1:]``: inductor searched a sliced sequence from its buffer's start, off by
     one without a word (pytorch/pytorch#182343, seen with torch 2.11 on CUDA)."""
     searchsorted = getattr(xp, "searchsorted", None)
     if searchsorted is not None:
         found = searchsorted(bounds, tokens, side="right")
-        found = (found if found.dtype == index else xp.astype(found, index)) - 1
-    else:  # (total, num_seqs) booleans: only for namespaces without searchsorted
-        found = xp.sum(xp.astype(tokens[:, None] >= bounds[None, 1:], index), axis=1)
-    return found if found.dtype == index else xp.astype(found, index)
+    else:  # (total, num_seqs + 1) booleans: only for namespaces without searchsorted
+        found = xp.sum(xp.astype(tokens[:, None] >= bounds[None, :], index), axis=1)
+    return (found if found.dtype == index else xp.astype(found, index)) - 1

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from array_api_compat import torch as torch_namespace
 
+from .._dtypes import isdtype
 from .._rope import RoPE
 
 __all__ = ["is_patched", "remove_anyrope", "use_anyrope"]
@@ -228,11 +230,7 @@ def _check_position_ids(position_ids: Any, streams: int) -> None:
         raise ValueError("anyrope's rotary modules need position_ids, as transformers' own do")
     if not isinstance(position_ids, torch.Tensor):
         raise TypeError(f"position_ids must be a torch.Tensor, not {type(position_ids).__name__}")
-    if (
-        position_ids.dtype.is_floating_point
-        or position_ids.dtype.is_complex
-        or position_ids.dtype == torch.bool
-    ):
+    if not isdtype(torch_namespace, position_ids.dtype, "integral"):
         raise TypeError(
             f"position_ids must be an integer tensor, got dtype {position_ids.dtype}; cast it with .long()"
         )
