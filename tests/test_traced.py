@@ -156,6 +156,36 @@ def test_decoding_with_an_int_offset_compiles_at_most_twice(torch: Any) -> None:
     assert compilations <= 2
 
 
+DYNAMIC_FORMS: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "positions, seq_axis=-3": lambda rope, q, n: rope(q, positions=n.arange(q.shape[1]), seq_axis=-3),
+    "per-row positions, seq_axis=-3": lambda rope, q, n: rope(
+        q, positions=n.arange(q.shape[1]).expand(q.shape[0], -1) + 3, seq_axis=-3
+    ),
+    "per-row offsets": lambda rope, q, n: rope(q, offset=n.arange(q.shape[0]) * 5),
+    "q and k, no positions": lambda rope, q, n: rope(q, q[..., :2, :], seq_axis=-3)[1],
+}
+
+
+@pytest.mark.parametrize("form", list(DYNAMIC_FORMS))
+def test_dynamic_shapes_compile_once_for_every_length(torch: Any, form: str) -> None:
+    """``torch.compile(dynamic=True)`` compiles a call once for every batch size and sequence length
+    (from 2 up: torch itself specialises sizes 0 and 1)."""
+    compilations = 0
+
+    def counting(graph: Any, example_inputs: Any) -> Any:
+        nonlocal compilations
+        compilations += 1
+        return graph.forward
+
+    rope, call = anyrope.RoPE(16), DYNAMIC_FORMS[form]
+    torch._dynamo.reset()
+    step = torch.compile(lambda q: call(rope, q, torch), backend=counting, dynamic=True, fullgraph=True)
+    for batch, seq in ((2, 5), (3, 7), (2, 12), (4, 2)):
+        q = torch.randn(batch, seq, 4, 16)
+        torch.testing.assert_close(step(q), call(rope, q, torch), rtol=0, atol=0)
+    assert compilations == 1
+
+
 def test_a_compiled_call_reads_no_memo(torch: Any) -> None:
     """While dynamo traces, anyrope reads none of its per-process memos: dynamo would guard the
     graph on them, and a later entry (a new dtype, another library) would recompile it."""

@@ -72,17 +72,19 @@ class PositionTables:
         self.unsigned64 = spec.unsigned64
         # whether the tables are rows of the plain spectrum's table (cached per position)
         self.plain = not isinstance(spec, MultiAxis) and rotary.plain_order
-        self._memo: dict[tuple[int, Any], tuple[Any, Any]] = {}
+        # (seq, dtype, tables), searched with ==, not hashed: hashing a traced length (a torch
+        # SymInt) would fix it to one value, and dynamic shapes would recompile for every other
+        self._made: list[tuple[Any, Any, tuple[Any, Any]]] = []
         self._lookups: dict[tuple[int, Any], tuple[Any, Any, Any] | None] = {}
 
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
-        key = (seq, dtype)  # q and k of one length share them
-        found = self._memo.get(key)
-        if found is None:
-            found = self._tables(seq, dtype)
-            if self.ctx.traced:  # formed once, not again in the loop over each array's heads
-                found = keep_tables(self.ctx.xp, *found)
-            self._memo[key] = found
+        for made_seq, made_dtype, made in self._made:  # q and k of one length share them
+            if made_dtype == dtype and made_seq == seq:
+                return made
+        found = self._tables(seq, dtype)
+        if self.ctx.traced:  # formed once, not again in the loop over each array's heads
+            found = keep_tables(self.ctx.xp, *found)
+        self._made.append((seq, dtype, found))
         return found
 
     def _tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
@@ -185,13 +187,13 @@ class PositionTables:
     def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any, Any] | None:
         """The cached prefix table and host rows into it, where the positions are host-known and
         inside it: the CPU kernels then read each token's row directly, with no gathered copy."""
-        if self.device_frequencies or not self.plain:
+        if self.device_frequencies or not self.plain or self.ctx.traced:
             return None
         key = (seq, dtype)  # q and k of one length share it
         if key in self._lookups:
             return self._lookups[key]
         found = None
-        rows = None if self.ctx.traced else self.spec.host(seq)
+        rows = self.spec.host(seq)
         if rows is not None:
             assert isinstance(self.freqs, PairFrequencies)
             cached = self._cached(self.freqs, seq, dtype)
