@@ -274,16 +274,16 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
     """A call's cos and sin tables, formed once however many arrays and heads read them.
 
     Under ``torch.compile`` they pass through an operator inductor cannot fuse into the rotation
-    (:mod:`anyrope._torch_ops`). Not while ``torch.export`` traces: an exported program keeps to
-    standard operators, which ONNX and other runtimes know. Elsewhere they are returned as they are.
+    (:mod:`anyrope._torch_ops`). Not while ``torch.export`` traces (by default without dynamo): an
+    exported program keeps to standard operators, which ONNX and other runtimes know. Elsewhere
+    they are returned as they are.
     """
     if not is_library(xp, "torch"):
         return cos, sin
     import torch
 
-    compiler: Any = torch.compiler
-    exporting = getattr(compiler, "is_exporting", lambda: False)
-    if not compiler.is_compiling() or exporting() or not hasattr(torch.library, "custom_op"):  # torch < 2.4
+    # Asked of dynamo itself: torch 2.11's dynamo answers is_exporting() True under torch.compile
+    if not torch.compiler.is_dynamo_compiling() or not hasattr(torch.library, "custom_op"):  # torch < 2.4
         return cos, sin
     from ._torch_ops import keep_tables as keep  # defines its operator as it loads: eagerly, never traced
 
