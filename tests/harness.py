@@ -185,6 +185,16 @@ def make_backend(target: str) -> Backend:
     )
 
 
+def assert_same(backend: Backend, actual: Any, expected: Any, dtype: str) -> None:
+    """Two forms of one rotation agree bit for bit, or to the dtype's rounding where the backend
+    declares the "bitwise-forms" deviation (a compiler that fuses each form its own way)."""
+    want = backend.to_numpy(expected)
+    if "bitwise-forms" in backend.deviations:
+        assert_close(backend, actual, want, dtype)
+    else:
+        np.testing.assert_array_equal(backend.to_numpy(actual), want)
+
+
 def assert_close(
     backend: Backend, actual: Any, expected: np.ndarray, dtype: str, *, scale: float | None = None
 ) -> None:

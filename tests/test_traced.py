@@ -267,6 +267,47 @@ def test_exported_programs_keep_to_standard_operators(torch: Any) -> None:
     torch.testing.assert_close(exported.module()(q, positions), rope(q, positions=positions), rtol=0, atol=0)
 
 
+def test_eager_jax_calls_run_as_one_jitted_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An eager JAX call runs as one jax.jit call, traced once for all decode steps (offsets, ints
+    included, are traced), with the float64 oracle's results. Lists take the eager path. The RoPE
+    still pickles: it holds no jitted function."""
+    import pickle
+
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    from anyrope import _call
+
+    traces = 0
+    traced_call = _call.rope_call
+
+    def counting(*args: Any) -> Any:
+        nonlocal traces
+        traces += 1
+        return traced_call(*args)
+
+    def check(got: Any, x: Any, positions: Any) -> None:
+        want = oracle.rotate(x, positions, layout="interleaved")
+        np.testing.assert_allclose(np.asarray(got), want, atol=2e-6, rtol=0)
+
+    monkeypatch.setattr(_call, "rope_call", counting)  # what the jitted function calls as it traces
+    rope = anyrope.RoPE(16, layout="interleaved")
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((3, 4, 1, 16)), rng.standard_normal((3, 2, 1, 16))
+    qj, kj = jnp.asarray(q, dtype=jnp.float32), jnp.asarray(k, dtype=jnp.float32)
+    starts = np.array([0, 97, 2**20])
+    for step in (0, 1, 2, 1000):
+        got_q, got_k = rope(qj, kj, offset=jnp.asarray(starts + step))
+        check(got_q, q, (starts + step)[:, None])
+        check(got_k, k, (starts + step)[:, None])
+    assert traces == 1
+    for step in (5, 6, 2**29):
+        check(rope(qj, offset=step), q, np.array([step]))
+    assert traces == 2  # once more: q alone, an int offset
+    rope(qj, offset=[1, 2, 3])  # a list: the eager path
+    assert traces == 2
+    pickle.loads(pickle.dumps(rope))
+
+
 def test_jax_vmap_and_grad() -> None:
     jax = pytest.importorskip("jax")
     jnp = jax.numpy

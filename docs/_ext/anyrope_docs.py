@@ -81,7 +81,10 @@ def backend_matrix(root: Path = ROOT) -> str:
         if deviations:
             lines += [
                 "",
-                "Known deviations (tests marked with the feature are skipped or expected to fail):",
+                (
+                    "Known deviations (tests marked with the feature are skipped or expected to fail; "
+                    "with mode rounding, forms of one rotation are compared to rounding, not bit for bit):"
+                ),
                 "",
             ]
             lines += [f"- `{feature}` ({d['mode']}): {d['reason']}" for feature, d in deviations.items()]

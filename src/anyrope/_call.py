@@ -11,6 +11,7 @@ Each step reads shapes, dtypes and devices only, except where values live on the
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from . import _dask
@@ -100,6 +101,12 @@ def rope_call(
     rotary: Rotary, q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inplace: bool
 ) -> Any:
     """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=...)``."""
+    if type(q).__name__ == "ArrayImpl" and _jax_compiles(q, k, positions, offset, seq_axis, inplace):
+        # Offset 0 (the default, and every prefill) stays a Python int, known while traced: the
+        # digit tables then cover only the positions of this length. Other ints are traced, so
+        # decode steps share one program.
+        start = None if positions is not None or (type(offset) is int and offset == 0) else offset
+        return _jax_compiled(rotary, seq_axis)(q, k, positions, start)
     arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
     plan = call_plan(
         arrays, _arrays_given(positions, offset), seq_axis=seq_axis, layout=rotary.layout, inplace=inplace,
@@ -138,6 +145,52 @@ def rope_call(
     ]
     out = _run(jobs)
     return out[0] if k is None else (out[0], out[1])
+
+
+# An offset this far from 0 leaves room for any sequence within int32: past it, the eager path
+# checks that the last position fits.
+_SAFE_OFFSET = 2**30
+
+
+def _jax_compiles(q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inplace: bool) -> bool:
+    """Whether an eager JAX call runs as one jitted call: its arrays are concrete JAX arrays and
+    every other argument is either static or an array or int that jax.jit traces. Anything else
+    (lists, NumPy positions, ``inplace``, odd types) takes the eager path and its checks."""
+    if inplace or type(seq_axis) is not int or not (k is None or type(k) is type(q)):
+        return False
+    if positions is not None:
+        return type(positions) is type(q) and type(offset) is int and offset == 0
+    if type(offset) is int:
+        return -_SAFE_OFFSET < offset < _SAFE_OFFSET
+    return type(offset) is type(q)
+
+
+# Per RoPE, its jitted calls: weakly keyed, and each holds only a weak reference back, so a RoPE
+# keeps no function that pickling or deep-copying it would meet.
+_jax_calls: weakref.WeakKeyDictionary[Rotary, dict[int, Any]] = weakref.WeakKeyDictionary()
+
+
+def _jax_compiled(rotary: Rotary, seq_axis: int) -> Any:
+    """``rope_call`` with these static arguments as one ``jax.jit`` function, made once.
+
+    Eager JAX dispatches each operation on its own: a decode step cost ten times the jitted call.
+    jax.jit keys its own cache by shapes and dtypes, and traces ints, so each decode step's
+    offset reuses one executable."""
+    calls = _jax_calls.get(rotary)
+    if calls is None:
+        calls = _jax_calls.setdefault(rotary, {})
+    found = calls.get(seq_axis)
+    if found is None:
+        import jax
+
+        held = weakref.ref(rotary)
+
+        def call(q: Any, k: Any, positions: Any, offset: Any) -> Any:
+            start = 0 if offset is None else offset
+            return rope_call(held(), q, k, positions, start, seq_axis, False)  # type: ignore[arg-type]
+
+        found = calls[seq_axis] = jax.jit(call)
+    return found
 
 
 def _run(jobs: list[Job]) -> list[Any]:
