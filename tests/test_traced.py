@@ -136,6 +136,37 @@ def test_torch_export_of_a_module(torch: Any) -> None:
     torch.testing.assert_close(exported.module()(hidden, later), module(hidden, later))
 
 
+# raised by torch's own package loader as it unpickles the program's tree specs
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
+def test_aot_inductor_package_of_a_module(torch: Any, tmp_path: Any) -> None:
+    """torch.export with dynamic batch and sequence, AOTInductor's package: it loads, runs at
+    other shapes than the example's and equals eager bit for bit (the same generic arithmetic)."""
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+    rope = anyrope.RoPE(32, layout="interleaved", rotary_dim=24)
+
+    class Rotate(torch.nn.Module):
+        def forward(self, q: Any, k: Any, positions: Any) -> Any:
+            return rope(q, k, positions=positions, seq_axis=-3)
+
+    def inputs(batch: int, seq: int) -> tuple[Any, Any, Any]:
+        positions = torch.arange(seq).expand(batch, seq) + 1000 * torch.arange(batch)[:, None]
+        return torch.randn(batch, seq, 4, 32), torch.randn(batch, seq, 2, 32), positions
+
+    batch, seq = torch.export.Dim("batch", min=2, max=64), torch.export.Dim("seq", min=2, max=4096)
+    shapes = ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch, 1: seq})
+    with anyrope.use_fast_paths(False):  # Triton's interpreter (torch-triton) makes its op a CPU kernel
+        exported = torch.export.export(Rotate(), inputs(2, 5), dynamic_shapes=shapes)
+    package = aoti_compile_and_package(exported, package_path=str(tmp_path / "rotate.pt2"))
+    loaded = aoti_load_package(package)
+    for batch_size, length in ((2, 5), (3, 17)):
+        q, k, positions = inputs(batch_size, length)
+        for got, want in zip(
+            loaded(q, k, positions), rope(q, k, positions=positions, seq_axis=-3), strict=True
+        ):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_decoding_with_an_int_offset_compiles_at_most_twice(torch: Any) -> None:
     """The first step specialises on its offset, the second makes it symbolic; then no more."""
     compilations = 0
