@@ -4,10 +4,10 @@
 
 Each worker imports the backend's library and makes a float32 q before the clock starts; the
 value is then ``import anyrope``, ``RoPE(head_dim)`` and the first ``rope(q)``, or (for
-"anyrope-compiled" and "anyrope-jit", after one eager call) the compile and first call of
-``rope(q)`` through torch.compile or jax.jit. A first call happens once per process, so the
-run needs ``--loops 1 --warmups 0 --values 1`` (benchmarks/run.py passes them) and its spread
-comes from the processes.
+"anyrope-compiled", "anyrope-jit" and "anyrope-mx-compile", after one eager call) the compile and
+first call of ``rope(q)`` through torch.compile, jax.jit or mx.compile. A first call happens
+once per process, so the run needs ``--loops 1 --warmups 0 --values 1`` (benchmarks/run.py
+passes them) and its spread comes from the processes.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ What is installed, and the per-library array glue the runtimes use, come from an
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shutil
 import sys
@@ -60,21 +61,34 @@ DIMS: dict[str, dict[str, tuple[int, int, int, int]]] = {
 }
 VARIANT_ORDER = (
     "copy",
+    "copy-compiled",
     "anyrope",
     "anyrope-generic",
     "anyrope-inplace",
     "anyrope-compiled",
     "anyrope-jit",
+    "anyrope-mx-compile",
     "numpy-formula",
+    "naive-jit",
     "transformers-apply",
     "transformers-full",
-    "transformers-compiled",
+    "transformers-apply-compiled",
+    "transformers-full-compiled",
     "rotary-embedding-torch",
     "mx.fast.rope",
+    "mx.fast.rope-compiled",
 )
 # Per backend, the peer that "x ref" divides by, and whether it must be of the row's own layout
 # (True) or is taken from the "half" layout, the only one it has (False).
 REFERENCES = {"mx.fast.rope": True, "transformers-apply": False, "numpy-formula": True}
+# The same for compiled rows' "x cpeer": the peer's whole call (tables from positions included)
+# under the compiler that runs anyrope's.
+COMPILED_REFERENCES = {"mx.fast.rope-compiled": True, "transformers-full-compiled": False, "naive-jit": True}
+# Variants that run under a compiler; each backend's compiled copy (BackendSpec.compiled_copy) too.
+COMPILED = frozenset({
+    "copy-compiled", "anyrope-compiled", "anyrope-jit", "anyrope-mx-compile", "naive-jit",
+    "transformers-apply-compiled", "transformers-full-compiled", "mx.fast.rope-compiled",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -87,17 +101,23 @@ class BackendSpec:
     copy: str  # the "copy" variant: one pass that reads and writes every element once
     gpu: bool = False
     compiler: str | None = None  # the variant of its whole-call compiler
+    compiled_copy: str | None = None  # the variant that is compiled rows' roofline
+
+    def is_compiled(self, variant: str) -> bool:
+        """Whether the variant runs under the backend's compiler (its compiled copy included)."""
+        return variant in COMPILED or variant == self.compiled_copy
 
 
-# RoPE's own part of each benchmarked backend: the copy that is its roofline and the variant of its
-# whole-call compiler. The rest (module, dtypes, devices) is read from backends/*/backend.toml,
-# the data nox, the tests and the self-check share.
+# RoPE's own part of each benchmarked backend: the copy that is its roofline, the variant of its
+# whole-call compiler, and the compiled copy that is the compiled rows' roofline. The rest (module,
+# dtypes, devices) is read from backends/*/backend.toml, the data nox, the tests and the
+# self-check share.
 OWN = {
-    "numpy": ("x.copy()", None),
-    "torch": ("x.clone()", "anyrope-compiled"),
-    "mlx": ("mx.eval(x * 1), one elementwise pass (immutable arrays)", None),
-    "jax": ("jax.jit(lambda x: x.copy()), a copy into a new buffer", "anyrope-jit"),
-    "cupy": ("x.copy()", None),
+    "numpy": ("x.copy()", None, None),
+    "torch": ("x.clone()", "anyrope-compiled", "copy-compiled"),
+    "mlx": ("mx.eval(x * 1), one elementwise pass (immutable arrays)", "anyrope-mx-compile", "copy-compiled"),
+    "jax": ("jax.jit(lambda x: x.copy()), a copy into a new buffer", "anyrope-jit", "copy"),  # jitted already
+    "cupy": ("x.copy()", None, None),
 }
 
 
@@ -106,13 +126,14 @@ def _backends() -> tuple[BackendSpec, ...]:
     cpu: list[BackendSpec] = []
     gpu: list[BackendSpec] = []
     specs = backend_toml.load()
-    for name, (copy, compiler) in OWN.items():
+    for name, (copy, compiler, compiled_copy) in OWN.items():
         data = specs[name]
         dtypes = tuple(d for d in DTYPE_ORDER if d in data["dtypes"])  # float64 is not what models run
         only_gpu = bool(data.get("gpu-only", False))
-        (gpu if only_gpu else cpu).append(BackendSpec(name, data["module"], dtypes, copy, only_gpu, compiler))
+        spec = BackendSpec(name, data["module"], dtypes, copy, only_gpu, compiler, compiled_copy)
+        (gpu if only_gpu else cpu).append(spec)
         if not only_gpu and "cuda" in data["devices"]:
-            gpu.append(BackendSpec(f"{name}-cuda", data["module"], dtypes, copy, True, compiler))
+            gpu.append(dataclasses.replace(spec, name=f"{name}-cuda", gpu=True))
     return (*cpu, *gpu)
 
 
@@ -221,22 +242,27 @@ def _peer(module: str) -> str:
 def variants_of(spec: BackendSpec, case: Case, layout: str) -> list[tuple[str, int, str]]:
     """(variant, tensors it processes, why it is skipped or "") for one case and layout."""
     n, library = case.tensors, spec.module.split(".")[0]
-    found = [("copy", n, ""), ("anyrope", n, ""), ("anyrope-generic", n, "")]
+    found = [("copy", n, "")]
+    if spec.compiled_copy not in (None, "copy"):
+        found.append((spec.compiled_copy, n, ""))
+    found += [("anyrope", n, ""), ("anyrope-generic", n, "")]
     immutable = f"{library.upper()} arrays are immutable" if library in ("mlx", "jax") else ""
     found.append(("anyrope-inplace", n, immutable))
     if spec.compiler:
         found.append((spec.compiler, n, ""))
     if library == "numpy" and case.name == "small":
         found.append(("numpy-formula", 1, ""))
+    if library == "jax":
+        found.append(("naive-jit", n, ""))
     if library == "torch" and layout == "half":
         why = _peer("transformers")
         found += [("transformers-apply", 2, why), ("transformers-full", 2, why)]
         if not why:
-            found.append(("transformers-compiled", 2, ""))
+            found += [("transformers-apply-compiled", 2, ""), ("transformers-full-compiled", 2, "")]
     if library == "torch" and layout == "interleaved":
         found.append(("rotary-embedding-torch", n, _peer("rotary_embedding_torch")))
     if library == "mlx":
-        found.append(("mx.fast.rope", n, ""))
+        found += [("mx.fast.rope", n, ""), ("mx.fast.rope-compiled", n, "")]
     return found
 
 

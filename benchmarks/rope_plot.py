@@ -70,7 +70,8 @@ def _panel(ax: Any, rows: list[dict[str, Any]], shape: str, backend: str) -> Non
     if not rows:  # a backend that timed nothing of this case, e.g. after an error
         ax.set_title(f"{backend}, {shape}: no float32 results", fontsize=9)
         return
-    variants = [v for v in VARIANT_ORDER if any(r["variant"] == v for r in rows)]
+    # in the plan's order; a variant it no longer has (older data) goes last rather than unseen
+    variants = sorted({r["variant"] for r in rows}, key=lambda v: (_at(v), v))
     width = 0.8 / len(LAYOUTS)
     for x, variant in enumerate(variants):
         found = [r for layout in LAYOUTS for r in rows if r["variant"] == variant and r["layout"] == layout]
@@ -86,6 +87,10 @@ def _panel(ax: Any, rows: list[dict[str, Any]], shape: str, backend: str) -> Non
     ax.set_xticklabels(variants, rotation=30, ha="right", fontsize=8)
     busy = ", another core busy" if shape == "small" else ""
     ax.set_title(f"{backend}, {shape}{busy}", fontsize=9)
+
+
+def _at(variant: str) -> int:
+    return VARIANT_ORDER.index(variant) if variant in VARIANT_ORDER else len(VARIANT_ORDER)
 
 
 def _title(summary: dict[str, Any]) -> str:

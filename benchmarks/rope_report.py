@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import rope_cases
-from rope_cases import REFERENCES, SHAPES, SPECS, VARIANT_ORDER
+from rope_cases import COMPILED_REFERENCES, REFERENCES, SHAPES, SPECS, VARIANT_ORDER
 
 SCHEMA = 3  # 3: pyperf runs; quartiles and the ratios' spread; first call as pyperf values
 Record = dict[str, Any]
@@ -87,14 +87,37 @@ def _per_tensor(record: Record, key: str = "median_s") -> float:
     return float(record[key]) / int(record["tensors"])
 
 
+def _divide(record: Record, by: Record, name: str) -> None:
+    """``record[name]`` and its quartiles ``name_p25``, ``name_p75``: the record's median and
+    quartiles per tensor over ``by``'s median per tensor."""
+    for suffix, key in (("", "median_s"), ("_p25", "p25_s"), ("_p75", "p75_s")):
+        record[name + suffix] = _per_tensor(record, key) / _per_tensor(by)
+
+
+def _reference(
+    ok: dict[tuple[str, ...], Record], record: Record, refs: dict[str, bool]
+) -> tuple[str, Record] | None:
+    """The first peer of ``refs`` that ran for the record's backend, shape and dtype, named with
+    " (half)" where it is of that layout instead of the record's own."""
+    for ref_name, same_layout in refs.items():
+        layout = record["layout"] if same_layout else "half"
+        ref = ok.get((record["backend"], record["shape"], record["dtype"], layout, ref_name))
+        if ref is not None:
+            return ref_name + ("" if layout == record["layout"] else f" ({layout})"), ref
+    return None
+
+
 def add_ratios(results: Sequence[Record]) -> list[Record]:
-    """The records with ``x_copy`` (and its quartiles) and, where a reference peer ran, ``x_ref``.
+    """The records with ``x_copy`` (and its quartiles) and, where a reference peer ran, ``x_ref``;
+    compiled rows also with ``x_ccopy`` and ``x_cpeer`` (each with its quartiles).
 
     Ratios are of time per tensor (a call on q and k counts twice), against the same backend,
-    shape and dtype: ``copy`` of the same layout, and the reference of ``REFERENCES``. The
-    quartiles of ``x_copy`` divide the record's quartiles by the copy's median.
+    shape and dtype: ``copy`` of the same layout, and the reference of ``REFERENCES``. A compiled
+    row's ``x_ccopy`` divides by the backend's compiled copy of the same layout, and ``x_cpeer``
+    by the peer of ``COMPILED_REFERENCES``, compiled the same way. The quartiles of a ratio divide
+    the record's quartiles by the other's median.
     """
-    ok = {
+    ok: dict[tuple[str, ...], Record] = {
         (r["backend"], r["shape"], r["dtype"], r["layout"], r["variant"]): r
         for r in results
         if r.get("status") == "ok"
@@ -103,23 +126,24 @@ def add_ratios(results: Sequence[Record]) -> list[Record]:
     for record in results:
         record = dict(record)
         if record.get("status") == "ok":
-            key = (record["backend"], record["shape"], record["dtype"])
-            copy = ok.get((*key, record["layout"], "copy"))
+            key = (record["backend"], record["shape"], record["dtype"], record["layout"])
+            copy = ok.get((*key, "copy"))
             if copy is not None:
-                for mine, theirs in (
-                    ("x_copy", "median_s"),
-                    ("x_copy_p25", "p25_s"),
-                    ("x_copy_p75", "p75_s"),
-                ):
-                    record[mine] = _per_tensor(record, theirs) / _per_tensor(copy)
-            for ref_name, same_layout in REFERENCES.items():
-                ref_layout = record["layout"] if same_layout else "half"
-                ref = ok.get((*key, ref_layout, ref_name))
-                if ref is not None:
-                    suffix = "" if ref_layout == record["layout"] else f" ({ref_layout})"
-                    record["ref"] = ref_name + suffix
-                    record["x_ref"] = _per_tensor(record) / _per_tensor(ref)
-                    break
+                _divide(record, copy, "x_copy")
+            found = _reference(ok, record, REFERENCES)
+            if found is not None:
+                record["ref"], ref = found
+                record["x_ref"] = _per_tensor(record) / _per_tensor(ref)
+            spec = SPECS.get(record["backend"])
+            if spec is not None and spec.is_compiled(record["variant"]):
+                ccopy = ok.get((*key, spec.compiled_copy or ""))
+                if ccopy is not None:
+                    record["ccopy"] = spec.compiled_copy
+                    _divide(record, ccopy, "x_ccopy")
+                found = _reference(ok, record, COMPILED_REFERENCES)
+                if found is not None:
+                    record["cpeer"], peer = found
+                    _divide(record, peer, "x_cpeer")
         out.append(record)
     return out
 
@@ -150,6 +174,13 @@ def _ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
+def _spread(r: Record, name: str) -> str:
+    """A ratio with its quartiles, "median (q1-q3)", or "" where the record has none."""
+    if name not in r:
+        return ""
+    return f"{r[name]:.2f} ({r[name + '_p25']:.2f}-{r[name + '_p75']:.2f})"
+
+
 def order(r: Record) -> tuple[int, ...]:
     """Backends, shapes, dtypes, layouts and variants in the plan's order."""
 
@@ -165,7 +196,10 @@ def order(r: Record) -> tuple[int, ...]:
     )
 
 
-COLUMNS = ("backend", "shape", "dtype", "layout", "variant", "in", "median ms", "q1-q3 ms", "x copy", "x ref")
+COLUMNS = (
+    "backend", "shape", "dtype", "layout", "variant", "in", "median ms", "q1-q3 ms", "x copy", "x ref",
+    "x ccopy (q1-q3)", "x cpeer (q1-q3)",
+)  # fmt: skip
 
 
 def _row(r: Record) -> list[str]:
@@ -174,7 +208,7 @@ def _row(r: Record) -> list[str]:
         r["backend"], r["shape"], r["dtype"], r["layout"], r["variant"], "q,k" if r["tensors"] == 2 else "q",
         _ms(r["median_s"]) if ran else str(r.get("status")),
         f"{_ms(r['p25_s'])}-{_ms(r['p75_s'])}" if ran else "",
-        _ratio(r.get("x_copy")), _ratio(r.get("x_ref")),
+        _ratio(r.get("x_copy")), _ratio(r.get("x_ref")), _spread(r, "x_ccopy"), _spread(r, "x_cpeer"),
     ]  # fmt: skip
 
 
@@ -229,21 +263,27 @@ def notes(summary: Record) -> list[str]:
         "of calls, in several fresh processes); x copy: time per tensor / the backend's copy per tensor",
         "(same shape, dtype, layout); x ref: time per tensor / the reference peer's ((half) where the",
         "reference has only the half layout). in: q = the call rotates q only; q,k = q and k.",
+        "Compiled rows: x ccopy: time per tensor / the backend's compiled copy's (same shape, dtype,",
+        "layout); x cpeer: / the compiled peer's (its whole call, under the same compiler; (half) as for",
+        "x ref); (q1-q3): the row's quartiles over the other's median.",
     ]
     for name, case in summary.get("config", {}).get("cases", {}).items():
         found.append(f"{name}: (batch, heads, seq, head_dim) = {tuple(case['dims'])}, {case['what']}")
     if summary.get("first_call"):
         found += [
             "first call: one value per fresh process, the library imported and a float32 q made first:",
-            "import anyrope + RoPE + rope(q); compiled: the first torch.compile / jax.jit call of rope(q).",
+            "import anyrope + RoPE + rope(q); compiled: the first torch.compile / jax.jit / mx.compile call",
+            "of rope(q).",
         ]
     timed = {r["backend"] for r in summary["results"] if r.get("status") == "ok"}
     for backend in sorted(timed, key=list(SPECS).index):
-        refs = sorted(
-            {r["ref"].split(" (")[0] for r in summary["results"] if r["backend"] == backend and r.get("ref")}
-        )
-        ref = f"; x ref against {' / '.join(refs)}" if refs else ""
-        found.append(f"{backend}: copy = {SPECS[backend].copy}{ref}")
+        line = f"{backend}: copy = {SPECS[backend].copy}"
+        for key, column in (("ref", "x ref"), ("ccopy", "x ccopy"), ("cpeer", "x cpeer")):
+            names = {
+                r[key].split(" (")[0] for r in summary["results"] if r["backend"] == backend and r.get(key)
+            }
+            line += f"; {column} against {' / '.join(sorted(names))}" if names else ""
+        found.append(line)
     not_run: dict[tuple[str, str, str], list[str]] = {}  # (backend, status, detail) -> variants
     for r in [*summary["results"], *summary.get("first_call", [])]:
         if r.get("status") in ("skipped", "error"):

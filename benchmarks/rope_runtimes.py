@@ -117,6 +117,7 @@ def _mlx() -> Runtime:
     return Runtime(
         "mlx", "mlx", mx, make, index=lambda values: arrays.asarray("mlx", values, "int32"),
         copy=lambda x: x * 1, finish=lambda result: arrays.synchronize("mlx", result),
+        compile=mx.compile, compile_note="mx.compile",
     )  # fmt: skip
 
 

@@ -76,31 +76,33 @@ def inplace_call(g: Group) -> Call:
     return lambda: rope(q, offset=offset, inplace=True)
 
 
-def _compiled(g: Group) -> Call:
-    """The call through the library's compiler, decode offsets traced as a model would pass them."""
+def _through_compiler(g: Group, decode: Callable[..., Any], q_only: Callable[[Any], Any]) -> Call:
+    """``decode(q, k, offsets)`` or ``q_only(q)`` through the library's compiler, the arrays as
+    arguments: decode offsets are traced, as a model passes them."""
     assert g.rt.compile is not None
-    rope, offset = g.rope, g.case.offset
-
-    def decode(q: Any, k: Any, offsets: Any) -> Any:
-        return rope(q, k, offset=offsets)
-
-    def q_only(q: Any) -> Any:
-        return rope(q, offset=offset)
-
     args = (g.q, g.k, g.offsets) if g.case.decode else (g.q,)
     compiled = g.rt.compile(decode if g.case.decode else q_only)
     return lambda: compiled(*args)
 
 
+def _compiled(g: Group) -> Call:
+    """The call through the library's compiler."""
+    rope, offset = g.rope, g.case.offset
+    return _through_compiler(
+        g, lambda q, k, offsets: rope(q, k, offset=offsets), lambda q: rope(q, offset=offset)
+    )
+
+
 def naive_formula(np: ModuleType, x: Any, positions: Any, layout: str, base: float = BASE) -> Any:
     """RoPE as a NumPy user writes it from the paper: frequencies, angles and tables in the call.
 
-    ``positions`` has one entry per row of ``x``'s sequence axis (-2). The tables are cast to
-    x's dtype, as such code does to keep float32 in float32.
+    ``positions`` has one entry per row of ``x``'s sequence axis (-2), or broadcasts against x's
+    axes before the last (decode: ``(batch, 1, 1)``). The tables are cast to x's dtype, as such
+    code does to keep float32 in float32.
     """
     d = x.shape[-1]
     inv_freq = base ** (-np.arange(0, d, 2) / d)
-    angles = positions[:, None] * inv_freq
+    angles = positions[..., None] * inv_freq
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
     if layout == "interleaved":
         x1, x2 = x[..., 0::2], x[..., 1::2]
@@ -115,11 +117,43 @@ def _numpy_formula(g: Group) -> Call:
     return lambda: naive_formula(np, q, np.arange(first, first + seq), layout)
 
 
+def _naive_jit(g: Group) -> Call:
+    """numpy-formula's code on jax.numpy under jax.jit, positions a traced argument: RoPE as a JAX
+    model without anyrope computes it."""
+    assert g.rt.compile is not None
+    jnp, layout = importlib.import_module("jax.numpy"), g.layout
+
+    def rotate(x: Any, positions: Any) -> Any:
+        return naive_formula(jnp, x, positions, layout)
+
+    def decode(q: Any, k: Any, offsets: Any) -> tuple[Any, Any]:
+        positions = offsets[:, None, None]  # a row's position, against its heads and its one token
+        return rotate(q, positions), rotate(k, positions)
+
+    if g.case.decode:
+        compiled, q, k, offsets = g.rt.compile(decode), g.q, g.k, g.offsets
+        return lambda: compiled(q, k, offsets)
+    first, seq = g.case.offset, g.case.dims[2]
+    one, q, positions = g.rt.compile(rotate), g.q, g.rt.index(list(range(first, first + seq)))
+    return lambda: one(q, positions)
+
+
 def _copy(g: Group) -> Call:
     copy, q, k = g.rt.copy, g.q, g.k
     if g.case.decode:
         return lambda: (copy(q), copy(k))
     return lambda: copy(q)
+
+
+def _copy_compiled(g: Group) -> Call:
+    """The compiled rows' roofline: the copy (q, or q and k) through the library's compiler."""
+    assert g.rt.compile is not None
+    copy, q, k = g.rt.copy, g.q, g.k
+    if g.case.decode:
+        both = g.rt.compile(lambda q, k: (copy(q), copy(k)))
+        return lambda: both(q, k)
+    one = g.rt.compile(copy)
+    return lambda: one(q)
 
 
 def _hf_tables(g: Group) -> tuple[ModuleType, Any, Any]:
@@ -153,7 +187,7 @@ def _transformers_full(g: Group) -> Call:
     return full
 
 
-def _transformers_compiled(g: Group) -> Call:
+def _transformers_apply_compiled(g: Group) -> Call:
     """``torch.compile`` of transformers' formula on ready tables."""
     modeling, rotary, ids = _hf_tables(g)
     rotate_half, q, k = modeling.rotate_half, g.q, g.k
@@ -165,6 +199,21 @@ def _transformers_compiled(g: Group) -> Call:
     cos, sin = rotary(q, ids)
     compiled = g.rt.module.compile(formula, dynamic=False)
     return lambda: compiled(q, k, cos, sin)
+
+
+def _transformers_full_compiled(g: Group) -> Call:
+    """What a compiled Llama runs: the rotary module's forward and apply_rotary_pos_emb, compiled
+    as anyrope-compiled is, position ids a traced argument."""
+    modeling, rotary, ids = _hf_tables(g)
+    apply, q, k = modeling.apply_rotary_pos_emb, g.q, g.k
+
+    def full(q: Any, k: Any, ids: Any) -> Any:
+        cos, sin = rotary(q, ids)
+        return apply(q, k, cos, sin)
+
+    assert g.rt.compile is not None
+    compiled = g.rt.compile(full)
+    return lambda: compiled(q, k, ids)
 
 
 def _rotary_embedding_torch(g: Group) -> Call:
@@ -184,47 +233,60 @@ def _rotary_embedding_torch(g: Group) -> Call:
     return per_row
 
 
-def _mlx_fast(g: Group) -> Call:
-    """``mlx.core.fast.rope`` (``traditional=True`` is the interleaved layout)."""
-    mx, q, k, dims = g.rt.module, g.q, g.k, g.case.dims[3]
+def _mlx_fast(g: Group, compiled: bool = False) -> Call:
+    """``mlx.core.fast.rope`` (``traditional=True`` is the interleaved layout), or under mx.compile."""
+    mx, q, k, dims, first = g.rt.module, g.q, g.k, g.case.dims[3], g.case.offset
     traditional = g.layout == "interleaved"
 
     def rope(x: Any, offset: Any) -> Any:
         return mx.fast.rope(x, dims, traditional=traditional, base=BASE, scale=1.0, offset=offset)
 
+    if compiled:
+        return _through_compiler(
+            g, lambda q, k, offsets: (rope(q, offsets), rope(k, offsets)), lambda q: rope(q, first)
+        )
     if g.case.decode:
         offsets = g.offsets
         return lambda: (rope(q, offsets), rope(k, offsets))
-    first = g.case.offset
     return lambda: rope(q, first)
 
 
 BUILDERS: dict[str, Callable[[Group], Call]] = {
     "copy": _copy,
+    "copy-compiled": _copy_compiled,
     "anyrope": anyrope_call,
     "anyrope-generic": _generic,
     "anyrope-inplace": inplace_call,
     "anyrope-compiled": _compiled,
     "anyrope-jit": _compiled,
+    "anyrope-mx-compile": _compiled,
     "numpy-formula": _numpy_formula,
+    "naive-jit": _naive_jit,
     "transformers-apply": _transformers_apply,
     "transformers-full": _transformers_full,
-    "transformers-compiled": _transformers_compiled,
+    "transformers-apply-compiled": _transformers_apply_compiled,
+    "transformers-full-compiled": _transformers_full_compiled,
     "rotary-embedding-torch": _rotary_embedding_torch,
     "mx.fast.rope": _mlx_fast,
+    "mx.fast.rope-compiled": lambda g: _mlx_fast(g, compiled=True),
 }
 NOTES = {
+    "copy-compiled": "the copy through the library's compiler (JAX's copy is jitted already)",
     "anyrope": "default call, fast paths on",
     "anyrope-generic": "inside use_fast_paths(False)",
     "anyrope-inplace": "inplace=True",
     "anyrope-compiled": "torch.compile(fullgraph=True) of the call (decode offsets traced)",
     "anyrope-jit": "jax.jit of the call (decode offsets traced)",
+    "anyrope-mx-compile": "mx.compile of the call (decode offsets traced)",
     "numpy-formula": "base ** (-arange(0, d, 2) / d), angles, cos/sin, rotation, all in the call",
+    "naive-jit": "jax.jit of numpy-formula's code on jax.numpy, positions traced",
     "transformers-apply": "apply_rotary_pos_emb, tables ready",
     "transformers-full": "LlamaRotaryEmbedding forward + apply_rotary_pos_emb",
-    "transformers-compiled": "torch.compile of transformers' formula, tables ready",
+    "transformers-apply-compiled": "torch.compile of transformers' formula, tables ready",
+    "transformers-full-compiled": "torch.compile(fullgraph=True) of transformers-full, position ids traced",
     "rotary-embedding-torch": "rotate_queries_or_keys (decode: forward(positions) + apply_rotary_emb)",
     "mx.fast.rope": "traditional=True for interleaved; decode: an offset per row",
+    "mx.fast.rope-compiled": "mx.compile of mx.fast.rope (decode offsets traced)",
 }
 
 

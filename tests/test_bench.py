@@ -96,6 +96,31 @@ def test_variants_of_each_backend() -> None:
     assert {"anyrope-compiled", "transformers-apply", "transformers-full"} <= set(torch_half)
     assert "rotary-embedding-torch" in torch_interleaved
     assert "transformers-apply" not in torch_interleaved  # it has the half layout only
+    # compiled anyrope beside the compiled copy and the compiled peer of its library
+    assert "copy-compiled" in torch_half
+    if not torch_half["transformers-apply"]:  # transformers installed (else not planned)
+        assert {"transformers-apply-compiled", "transformers-full-compiled"} <= set(torch_half)
+    assert {"copy-compiled", "anyrope-mx-compile", "mx.fast.rope-compiled"} <= set(
+        _variants("mlx", "decode", "interleaved")
+    )
+    assert "naive-jit" in jax
+    assert "copy-compiled" not in jax  # its copy is jitted already: the compiled rows' roofline
+    assert rope_cases.SPECS["jax"].compiled_copy == "copy"
+    assert rope_cases.SPECS["torch-cuda"].compiled_copy == "copy-compiled"
+
+
+def test_every_variant_has_a_builder_and_a_place() -> None:
+    """What the plan names, rope_variants builds, the report orders and (if compiled) marks so."""
+    planned = {b.variant for b in rope_cases.plan()}
+    assert planned <= set(rope_cases.VARIANT_ORDER) == set(rope_variants.BUILDERS)
+    assert rope_cases.COMPILED.issubset(rope_cases.VARIANT_ORDER)
+    assert set(rope_cases.COMPILED_REFERENCES) <= rope_cases.COMPILED
+    for spec in rope_cases.BACKENDS:
+        assert (spec.compiler is None) == (spec.compiled_copy is None), spec
+        if spec.compiler:
+            assert spec.is_compiled(spec.compiler)
+            assert spec.is_compiled(spec.compiled_copy or "")
+        assert not spec.is_compiled("anyrope")
     if not rope_cases.has_nvidia_gpu():  # skipped, saying why: a missing library or the GPU
         assert _variants("torch-cuda", "prefill", "half")["copy"] in (
             "torch is not installed",
@@ -131,6 +156,47 @@ def test_naive_formula_rotates_like_anyrope(layout: str, dtype: str) -> None:
     assert result.dtype == np.dtype(dtype)
     expected = anyrope.RoPE(64, layout=layout)(g.q.astype(np.float64), offset=5)
     assert np.allclose(result, expected, atol=1e-5 if dtype == "float32" else 1e-2)
+
+
+def _host(backend: str, result: Any) -> list[Any]:
+    """The result's arrays (one, or q and k) as float32 NumPy arrays."""
+    np = pytest.importorskip("numpy")
+    arrays = result if isinstance(result, tuple) else (result,)
+    if backend == "torch":
+        return [x.float().numpy() for x in arrays]
+    return [np.asarray(x, dtype=np.float32) for x in arrays]
+
+
+# What each compiled variant must compute, within a tolerance: the eager anyrope call (or, for
+# the copy, q and k themselves); the peers' tables are float32, off by 1e-4 at decode positions.
+COMPILED_AGREE = {"copy-compiled": 0.0, "copy": 0.0, "anyrope-compiled": 1e-6, "anyrope-jit": 1e-6,
+                  "anyrope-mx-compile": 1e-6, "naive-jit": 1e-3, "mx.fast.rope-compiled": 1e-3,
+                  "transformers-apply-compiled": 1e-3, "transformers-full-compiled": 1e-3}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["torch", "jax", "mlx"])
+def test_compiled_variants_rotate_like_the_call(name: str) -> None:
+    """Every compiled variant builds (compiled, warmed up) and computes what it stands for, in the
+    decode case (offsets traced) and the small one (a Python offset)."""
+    pytest.importorskip(rope_cases.SPECS[name].module)
+    rt = make_runtime(name)
+    spec, checked = rope_cases.SPECS[name], set()
+    with rt.scope():
+        for case in rope_cases.cases("tiny")[1:]:
+            for layout in rope_cases.LAYOUTS:
+                g = rope_variants.make_group(rt, case, "float32", layout)
+                expected = _host(name, rope_variants.anyrope_call(g)())
+                for variant, tensors, why in rope_cases.variants_of(spec, case, layout):
+                    if why or not spec.is_compiled(variant):
+                        continue
+                    bench = rope_cases.Bench(name, case, "float32", layout, variant, tensors)
+                    got = _host(name, rope_variants.build(rt, bench)())
+                    want = _host(name, (g.q, g.k)[:tensors]) if variant.startswith("copy") else expected
+                    assert len(got) >= len(want), variant  # transformers' peers rotate q and k
+                    for mine, theirs in zip(got[: len(want)], want, strict=True):
+                        assert abs(mine - theirs).max() <= COMPILED_AGREE[variant], (variant, case, layout)
+                    checked.add(variant)
+    assert {spec.compiled_copy, spec.compiler} <= checked
 
 
 def _gone(proc: subprocess.Popen[str]) -> bool:
@@ -188,6 +254,8 @@ def test_first_call_runs_once_per_process() -> None:
     with pytest.raises(ValueError, match="--loops 1"):
         bench_first_call.first_call(2, "numpy", "anyrope")
     assert ("numpy", "anyrope") in bench_first_call.planned(["numpy"])
+    if not rope_cases.backend_skip("mlx"):
+        assert ("mlx", "anyrope-mx-compile") in bench_first_call.planned(["mlx"])
     assert bench_first_call.planned(["no-such-backend"]) == []
 
 
@@ -297,6 +365,11 @@ def _summary() -> dict[str, Any]:
         {**_record("anyrope-inplace", 0.0), "status": "error", "detail": "RuntimeError: boom (log: x.log)"},
         {**_record("rotary-embedding-torch", 0.0, layout="interleaved"), "status": "skipped",
          "detail": "rotary_embedding_torch is not installed"},
+        _record("copy-compiled", 0.002),
+        _record("anyrope-compiled", 0.004),
+        _record("transformers-full-compiled", 0.016, tensors=2),
+        _record("copy-compiled", 0.003, layout="interleaved"),
+        _record("anyrope-compiled", 0.006, layout="interleaved"),
     ]  # fmt: skip
     cases = {c.name: {"dims": list(c.dims), "what": c.what} for c in rope_cases.cases()}
     return {
@@ -319,6 +392,40 @@ def test_ratios() -> None:
     assert rows["anyrope", "interleaved"]["x_copy"] == pytest.approx(2.5)  # its own layout's copy
     assert rows["anyrope", "interleaved"]["ref"] == "transformers-apply (half)"
     assert "x_copy" not in rows["anyrope-inplace", "half"]
+    assert "x_ccopy" not in rows["anyrope", "half"]  # eager rows: no compiled ratios
+    assert "x_cpeer" not in rows["transformers-apply", "half"]
+    compiled = rows["anyrope-compiled", "half"]
+    assert compiled["x_copy"] == pytest.approx(4.0)  # x copy keeps its meaning
+    assert compiled["x_ref"] == pytest.approx(1.0)
+    assert (compiled["ccopy"], compiled["cpeer"]) == ("copy-compiled", "transformers-full-compiled")
+    assert compiled["x_ccopy"] == pytest.approx(2.0)
+    assert (compiled["x_ccopy_p25"], compiled["x_ccopy_p75"]) == (pytest.approx(1.8), pytest.approx(2.4))
+    assert compiled["x_cpeer"] == pytest.approx(0.5)  # per tensor: the peer rotates q and k
+    assert (compiled["x_cpeer_p25"], compiled["x_cpeer_p75"]) == (pytest.approx(0.45), pytest.approx(0.6))
+    assert rows["copy-compiled", "half"]["x_ccopy"] == pytest.approx(1.0)
+    assert rows["transformers-full-compiled", "half"]["x_cpeer"] == pytest.approx(1.0)
+    interleaved = rows["anyrope-compiled", "interleaved"]
+    assert interleaved["x_ccopy"] == pytest.approx(2.0)  # its own layout's compiled copy
+    assert interleaved["cpeer"] == "transformers-full-compiled (half)"
+    assert interleaved["x_cpeer"] == pytest.approx(0.75)
+
+
+def test_jax_compiled_rows_divide_by_its_jitted_copy() -> None:
+    results = [
+        {**_record(variant, median_s), "backend": "jax"}
+        for variant, median_s in (
+            ("copy", 0.001),
+            ("anyrope", 0.005),
+            ("anyrope-jit", 0.003),
+            ("naive-jit", 0.006),
+        )
+    ]
+    rows = {r["variant"]: r for r in rope_report.add_ratios(results)}
+    assert rows["anyrope-jit"]["ccopy"] == "copy"
+    assert rows["anyrope-jit"]["x_ccopy"] == pytest.approx(3.0) == rows["anyrope-jit"]["x_copy"]
+    assert rows["anyrope-jit"]["x_cpeer"] == pytest.approx(0.5)
+    assert rows["copy"]["x_ccopy"] == pytest.approx(1.0)  # the copy is the compiled one
+    assert "x_ccopy" not in rows["anyrope"]
 
 
 def test_format_table() -> None:
@@ -328,9 +435,16 @@ def test_format_table() -> None:
         line for line in lines if line.startswith("torch ") and " anyrope " in line and " half " in line
     )
     assert anyrope_half.split()[-4:] == ["3.00", "2.70-3.60", "3.00", "0.75"]
+    compiled_half = next(line for line in lines if " anyrope-compiled " in line and " half " in line)
+    assert compiled_half.split()[-8:] == ["4.00", "3.60-4.80", "4.00", "1.00", "2.00", "(1.80-2.40)", "0.50",
+                                          "(0.45-0.60)"]  # fmt: skip
+    assert lines[0].split()[-6:] == ["x", "ccopy", "(q1-q3)", "x", "cpeer", "(q1-q3)"]
     assert any("error" in line and "anyrope-inplace" in line for line in lines)
     assert "torch rotary-embedding-torch: skipped (rotary_embedding_torch is not installed)" in table
-    assert "torch: copy = x.clone(); x ref against transformers-apply" in table
+    assert (
+        "torch: copy = x.clone(); x ref against transformers-apply; x ccopy against copy-compiled; "
+        "x cpeer against transformers-full-compiled"
+    ) in table
     first = next(line for line in lines if line.startswith("backend  variant"))
     assert first.split() == ["backend", "variant", "first", "s", "q1-q3", "s", "processes"]
     assert lines[lines.index(first) + 2].split() == ["torch", "anyrope", "0.500", "0.400-0.600", "5"]
