@@ -275,9 +275,11 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
 
     Under ``torch.compile`` they pass through an operator inductor cannot fuse into the rotation
     (:mod:`anyrope._torch_ops`). Not while ``torch.export`` traces (by default without dynamo): an
-    exported program keeps to standard operators, which ONNX and other runtimes know. Elsewhere
-    they are returned as they are.
+    exported program keeps to standard operators, which ONNX and other runtimes know. Under
+    ``jax.jit`` see :func:`_jax_keep`. Elsewhere they are returned as they are.
     """
+    if is_library(xp, "jax.numpy"):
+        return _jax_keep(cos), _jax_keep(sin)
     if not is_library(xp, "torch"):
         return cos, sin
     import torch
@@ -289,6 +291,27 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
 
     kept: tuple[Any, Any] = keep(cos, sin)
     return kept
+
+
+def _jax_keep(table: Any) -> Any:
+    """``table`` as XLA keeps it: computed once into a buffer of its own, not again inside the
+    rotation's loop over every head (the digits' angle additions with x64 off, float64 cos and sin
+    with it on: 2 to 50 times a copy of q and k on a CPU, where the rotation alone is about one).
+
+    XLA fuses a cheap producer into every consumer, even one that reads each of its elements once
+    per head through a broadcast, and its CPU compiler removes ``optimization_barrier`` before it
+    fuses. An expensive producer it keeps out of such a consumer: a floating remainder is one, and
+    the remainder of every table value by the dtype's largest gives it back bit for bit (an
+    elementwise operation, so a sharded table stays where it is, where a gather of its own rows
+    would make XLA gather them across a mesh). The barrier keeps the table on compilers that keep
+    barriers until after fusion (GPUs).
+    """
+    import jax
+
+    lax: Any = jax.lax  # untyped in JAX's stubs
+    jnp: Any = jax.numpy
+    largest = jnp.asarray(jnp.finfo(table.dtype).max, dtype=table.dtype)
+    return lax.optimization_barrier(jnp.fmod(table, largest))  # C's fmod: the sign of table
 
 
 def host_array(xp: Any, x: Any, traced: bool) -> Any:

@@ -49,18 +49,18 @@ def turn_pairs(xp: Any, x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: 
     half = cos.shape[-1]
     rotary_dim = 2 * half
     work = xp.astype(x, cos.dtype, copy=False)
-    if layout == "half":
-        a, b = work[..., :half], work[..., half:rotary_dim]
-    else:
-        a, b = work[..., 0:rotary_dim:2], work[..., 1:rotary_dim:2]
+    # Each pair on an axis of two, (2, half) for "half" and (half, 2) for "interleaved", where the
+    # turned pairs are stacked back: XLA fuses that stack into its one pass over x, and leaves a
+    # concatenate of the two turned halves to a pass of its own.
+    axis = -2 if layout == "half" else -1
+    split = (2, half) if layout == "half" else (half, 2)
+    pairs = xp.reshape(work[..., :rotary_dim], (*x.shape[:-1], *split))
+    a, b = (pairs[..., 0, :], pairs[..., 1, :]) if layout == "half" else (pairs[..., 0], pairs[..., 1])
     if inverse:
         new_a, new_b = a * cos + b * sin, b * cos - a * sin
     else:
         new_a, new_b = a * cos - b * sin, b * cos + a * sin
-    if layout == "half":
-        rotated = xp.concat([new_a, new_b], axis=-1)
-    else:
-        rotated = xp.reshape(xp.stack([new_a, new_b], axis=-1), (*new_a.shape[:-1], rotary_dim))
+    rotated = xp.reshape(xp.stack([new_a, new_b], axis=axis), (*new_a.shape[:-1], rotary_dim))
     rotated = xp.astype(rotated, dtype, copy=False)
     if rotary_dim == x.shape[-1]:
         return rotated
