@@ -76,6 +76,7 @@ class PositionTables:
         # SymInt) would fix it to one value, and dynamic shapes would recompile for every other
         self._made: list[tuple[Any, Any, tuple[Any, Any]]] = []
         self._lookups: dict[tuple[int, Any], tuple[Any, Any, Any] | None] = {}
+        self._fused: KernelAngles | None = None
 
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
         for made_seq, made_dtype, made in self._made:  # q and k of one length share them
@@ -202,7 +203,13 @@ class PositionTables:
         return found
 
     def kernel_angles(self, x: Any, seq_axis: int) -> KernelAngles:  # noqa: ARG002 - one form per call
-        """The angles as a fused kernel forms them (declared: fixed frequencies, 64-bit integers)."""
+        """The angles as a fused kernel forms them (declared: fixed frequencies, 64-bit integers),
+        made once for q and k: while traced, each made copy of the steps is a launch of its own."""
+        if self._fused is None:
+            self._fused = self._kernel_angles()
+        return self._fused
+
+    def _kernel_angles(self) -> KernelAngles:
         assert isinstance(self.freqs, PairFrequencies)
         rotary, spec, xp = self.rotary, self.spec, self.ctx.xp
         per_pair = tuple(self.freqs.inv_freq[j] for j in rotary.pair_frequencies)

@@ -42,7 +42,8 @@ REGISTRY: tuple[Kernel, ...] = (
         name="triton",
         summary="one Triton pass per array that forms each token's angles in the kernel from the "
         "positions (float64, exactly reduced steps: no tables in memory) and reads and writes each "
-        "pair once; a torch custom op, so torch.compile traces it and CUDA graphs capture it, whose "
+        "pair once; a torch Triton op, so torch.compile traces it and launches the kernel from its own "
+        "code, CUDA graphs capture it, and its "
         "gradient is the inverse rotation through the same op",
         libraries=frozenset({"torch"}),
         devices=triton_cuda.DEVICES,

@@ -11,20 +11,23 @@ off), so on a GPU it differs from the generic result only where the device's cos
 differ from torch's. bfloat16 is rounded with integer arithmetic (to nearest even, NaN to
 0x7FC0, as torch does on the CPU): Triton's interpreter truncates.
 
-The custom ops ``anyrope::rotate`` (out of place) and ``anyrope::rotate_`` (in place) have
-fake implementations, so ``torch.compile(fullgraph=True)`` traces them without a graph break,
-and CUDA graphs capture them (nothing here copies to or from the host). The gradient of a
-rotation is the inverse rotation, through the same op.
+The ops ``anyrope::rotate`` (out of place) and ``anyrope::rotate_`` (in place) are Triton ops
+(``torch.library.triton_op``): ``torch.compile(fullgraph=True)`` traces them without a graph
+break, and inductor sees through them to the kernel, which it launches from its own compiled
+wrapper rather than through the op's Python body (a decode step on an H200 took half the time
+that way). CUDA graphs capture them (nothing here copies to or from the host). The gradient of
+a rotation is the inverse rotation, through the same op.
 """
 
 import contextlib
 import os
 import threading
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 from .._angles import SPLIT_BITS
 from .._kernel_angles import POSITIONS, STARTS, TABLES, KernelAngles
@@ -166,16 +169,19 @@ class Angles(NamedTuple):
     flags: int
 
 
-def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles) -> None:
-    """Rotate five-axis ``x`` into five-axis ``out`` (which may be x)."""
+def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles, *, inplace: bool) -> None:
+    """Rotate five-axis ``x`` into five-axis ``out`` (x itself where ``inplace``)."""
     batch, heads, seq, trail, width = x.shape
     if x.numel() == 0:
         return
     index, cos, sin = angles.positions, angles.cos, angles.sin
     mode, pairs, flags = angles.mode, angles.pairs, angles.flags
     pairs_p2 = triton.next_power_of_2(pairs)
-    block_s = max(1, min(triton.next_power_of_2(seq), 2048 // pairs_p2))
-    group = min(8, heads * trail)
+    # A traced length or head count (a SymInt of torch.export's dynamic shapes) takes the widest
+    # block and group: fitting them to it would be a guard outside the range it declares.
+    widest = 2048 // pairs_p2
+    block_s = max(1, min(triton.next_power_of_2(seq), widest)) if isinstance(seq, int) else widest
+    group = min(8, heads * trail) if isinstance(heads * trail, int) else 8
     grid = (batch * triton.cdiv(heads * trail, group) * triton.cdiv(seq, block_s),)
     si = (0, 0, 0)  # strides of the index: (stream, row, token); 0 where shared
     if index is not None and mode == STARTS:
@@ -189,7 +195,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles) -> None:
         sc = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1))
     pointers = [x if a is None else a for a in (index, angles.steps, angles.streams, cos, sin)]
     with _one_launch_at_a_time:
-        _rotate_kernel[grid](
+        wrap_triton(_rotate_kernel)[grid](
             x, out, *pointers,  # x where the mode reads nothing
             angles.start, heads, trail, seq, width,
             x.stride(0), x.stride(1), x.stride(2), x.stride(3),
@@ -198,59 +204,69 @@ def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles) -> None:
             PAIRS=pairs, PAIRS_P2=pairs_p2, TAIL_P2=triton.next_power_of_2(max(1, width - 2 * pairs)),
             MODE=mode, MULTI=angles.streams is not None, HALF=bool(flags & HALF),
             INVERSE=bool(flags & INVERSE), SCALED=bool(flags & SCALED),
-            COPY_TAIL=out.data_ptr() != x.data_ptr() and width > 2 * pairs,
+            COPY_TAIL=not inplace and width > 2 * pairs,
             WIDE=x.dtype == torch.float64, BF16=x.dtype == torch.bfloat16, SPLIT=SPLIT_BITS, MASK=(1 << SPLIT_BITS) - 1,
             BLOCK_S=block_s, HEADS=group, enable_fp_fusion=False,
         )  # fmt: skip
 
 
-def _run(x: torch.Tensor, out: torch.Tensor, angles: Angles, seq_axis: int) -> None:
-    """Rotate x into out (which may be x) of any strides."""
+def _run(x: torch.Tensor, out: torch.Tensor, angles: Angles, seq_axis: int, *, inplace: bool) -> None:
+    """Rotate x into out (x itself where ``inplace``) of any strides."""
     out5 = _five(out, seq_axis)
     if out5 is None:  # into a dense buffer, then copied through out's strides
         dense = torch.empty_like(x, memory_format=torch.contiguous_format)
-        _run(x, dense, angles, seq_axis)
+        _run(x, dense, angles, seq_axis, inplace=False)
         out.copy_(dense)
         return
     x5 = _five(x, seq_axis)
     if x5 is None:
         x5 = _five(x.contiguous(), seq_axis)
         assert x5 is not None
-    _launch(x5, out5, angles)
+    _launch(x5, out5, angles, inplace=inplace)
 
 
 # The two ops share their arguments after x: the call's Angles (its mode named "source": torch
-# keeps "mode" for itself), then x's sequence axis.
-_ARGUMENTS = (
-    "Tensor? index, SymInt start, Tensor? steps, Tensor? streams, Tensor? cos, Tensor? sin, "
-    "int source, int pairs, int flags, int seq_axis"
-)
-torch.library.define("anyrope::rotate", f"(Tensor x, {_ARGUMENTS}) -> Tensor")
-torch.library.define("anyrope::rotate_", f"(Tensor(a!) x, {_ARGUMENTS}) -> ()")
+# keeps "mode" for itself), then x's sequence axis. The schema comes from the annotations
+# (Optional, not "| None": torch's schema inference on Python 3.10 reads typing's form).
+# Under the interpreter (the CPU test run) they are plain custom ops with fake implementations:
+# there wrap_triton hands back the interpreted kernel, which would run on fake tensors.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+_define: Any = torch.library.custom_op if _INTERPRETED else triton_op
 
 
-@torch.library.impl("anyrope::rotate", "default")
-def _rotate(x: torch.Tensor, *call: Any) -> torch.Tensor:
+@_define("anyrope::rotate", mutates_args=())
+def _rotate(
+    x: torch.Tensor, index: Optional[torch.Tensor], start: int, steps: Optional[torch.Tensor],  # noqa: UP045
+    streams: Optional[torch.Tensor], cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],  # noqa: UP045
+    source: int, pairs: int, flags: int, seq_axis: int,
+) -> torch.Tensor:  # fmt: skip
     """x rotated into a new tensor of its shape, dtype and device."""
     out = torch.empty_like(x)
-    _run(x, out, Angles(*call[:-1]), call[-1])
+    _run(
+        x, out, Angles(index, start, steps, streams, cos, sin, source, pairs, flags), seq_axis, inplace=False
+    )
     return out
 
 
-@torch.library.impl("anyrope::rotate_", "default")
-def _rotate_inplace(x: torch.Tensor, *call: Any) -> None:
+@_define("anyrope::rotate_", mutates_args={"x"})
+def _rotate_inplace(
+    x: torch.Tensor, index: Optional[torch.Tensor], start: int, steps: Optional[torch.Tensor],  # noqa: UP045
+    streams: Optional[torch.Tensor], cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],  # noqa: UP045
+    source: int, pairs: int, flags: int, seq_axis: int,
+) -> None:  # fmt: skip
     """x rotated in place."""
-    _run(x, x, Angles(*call[:-1]), call[-1])
+    _run(x, x, Angles(index, start, steps, streams, cos, sin, source, pairs, flags), seq_axis, inplace=True)
 
 
-@torch.library.register_fake("anyrope::rotate")
-def _rotate_fake(x: torch.Tensor, *call: Any) -> torch.Tensor:  # noqa: ARG001 - the op's signature
-    return torch.empty_like(x)
+if _INTERPRETED:
 
+    @_rotate.register_fake
+    def _rotate_fake(x: torch.Tensor, *call: Any) -> torch.Tensor:  # noqa: ARG001 - the op's signature
+        return torch.empty_like(x)
 
-@torch.library.register_fake("anyrope::rotate_")
-def _rotate_inplace_fake(x: torch.Tensor, *call: Any) -> None:  # noqa: ARG001 - the op's signature
-    return None
+    @_rotate_inplace.register_fake
+    def _rotate_inplace_fake(x: torch.Tensor, *call: Any) -> None:  # noqa: ARG001 - the op's signature
+        return None
 
 
 def _setup_backward(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:  # noqa: ARG001
