@@ -47,7 +47,7 @@ class PositionSpec:
     def largest(self, xp: Any, env: Environment, seq: int) -> Any:
         """The largest position as a 0-d device array in the index dtype (traceable); positions
         past that dtype's range count as its largest value."""
-        return xp.max(_saturated(xp, env, self.positions(xp, env, seq)))
+        return _max(xp, _saturated(xp, env, self.positions(xp, env, seq)))
 
     def host(self, seq: int) -> Any:
         """The positions as a (rows, seq) int64 NumPy array where they are known on the host, else None."""
@@ -165,7 +165,7 @@ class ArrayOffset(PositionSpec):
         return xp.astype(positions, given.dtype) if unsigned else positions
 
     def largest(self, xp: Any, env: Environment, seq: int) -> Any:
-        start = xp.max(_saturated(xp, env, self.start.array()))
+        start = _max(xp, _saturated(xp, env, self.start.array()))
         bound = xp.full((), 2 ** (env.index_bits - 1) - seq, dtype=env.index, device=env.device)
         return xp.minimum(start, bound) + (seq - 1)  # saturated: adding seq - 1 cannot wrap
 
@@ -238,6 +238,12 @@ def _widened(xp: Any, env: Environment, start: Any) -> tuple[Any, bool]:
         return start, False
     bits, signed = int_info(xp, start.dtype)
     return xp.astype(start, env.index), not signed and bits >= env.index_bits
+
+
+def _max(xp: Any, values: Any) -> Any:
+    """The largest of ``values``, its axes named: torch.onnx.export translates torch's max over
+    all axes (``amax`` without ``dim``) to no ONNX function (onnxscript 0.7)."""
+    return xp.max(values, axis=tuple(range(values.ndim)))
 
 
 def _saturated(xp: Any, env: Environment, values: Any) -> Any:
