@@ -75,6 +75,8 @@ VARIANT_ORDER = (
     "transformers-apply-compiled",
     "transformers-full-compiled",
     "rotary-embedding-torch",
+    "onnxruntime-op",
+    "onnxruntime-elementwise",
     "mx.fast.rope",
     "mx.fast.rope-compiled",
 )
@@ -239,6 +241,17 @@ def _peer(module: str) -> str:
     return "" if installed(module) else f"{module} is not installed"
 
 
+# torch.onnx.export of anyrope.layers.torch: as ONNX's RotaryEmbedding operator, and elementwise
+ONNX_VARIANTS = ("onnxruntime-op", "onnxruntime-elementwise")
+
+
+def _dtype_skip(variant: str, dtype: str) -> str:
+    """Why a variant cannot take a dtype, or ""."""
+    if variant in ONNX_VARIANTS and dtype == "bfloat16":
+        return "NumPy has no bfloat16 arrays to feed ONNX Runtime"
+    return ""
+
+
 def variants_of(spec: BackendSpec, case: Case, layout: str) -> list[tuple[str, int, str]]:
     """(variant, tensors it processes, why it is skipped or "") for one case and layout."""
     n, library = case.tensors, spec.module.split(".")[0]
@@ -261,6 +274,8 @@ def variants_of(spec: BackendSpec, case: Case, layout: str) -> list[tuple[str, i
             found += [("transformers-apply-compiled", 2, ""), ("transformers-full-compiled", 2, "")]
     if library == "torch" and layout == "interleaved":
         found.append(("rotary-embedding-torch", n, _peer("rotary_embedding_torch")))
+    if library == "torch" and not spec.gpu:  # the model exported to ONNX, run by ONNX Runtime's CPU kernels
+        found += [(variant, n, _peer("onnxruntime")) for variant in ONNX_VARIANTS]
     if library == "mlx":
         found += [("mx.fast.rope", n, ""), ("mx.fast.rope-compiled", n, "")]
     return found
@@ -295,5 +310,6 @@ def plan(
                         continue
                     for variant, tensors, why in variants_of(spec, case, layout):
                         if variants is None or variant in variants:
-                            found.append(Bench(spec.name, case, dtype, layout, variant, tensors, down or why))
+                            skip = down or why or _dtype_skip(variant, dtype)
+                            found.append(Bench(spec.name, case, dtype, layout, variant, tensors, skip))
     return found

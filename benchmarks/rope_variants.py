@@ -233,6 +233,34 @@ def _rotary_embedding_torch(g: Group) -> Call:
     return per_row
 
 
+def _onnx_runtime(g: Group, op: bool) -> Call:
+    """The call in a torch module (``anyrope.layers.torch``) exported by ``torch.onnx.export``
+    (opset 23) and run by ONNX Runtime on the CPU: as ONNX's RotaryEmbedding operator, or as
+    anyrope's elementwise form (``onnx_op=False``). Decode offsets are an input of the model."""
+    import warnings
+
+    import anyrope
+    from anyrope.layers.torch import RotaryEmbedding
+
+    torch, onnxruntime = g.rt.module, importlib.import_module("onnxruntime")
+    rope = anyrope.RoPE(g.case.dims[3], base=BASE, layout=g.layout, max_position=8192)
+    layer, decode, offset = RotaryEmbedding(rope, onnx_op=None if op else False), g.case.decode, g.case.offset
+
+    class Rotate(torch.nn.Module):  # type: ignore[misc, name-defined]  # torch is the runtime's module
+        def forward(self, q: Any, k: Any, offsets: Any) -> Any:
+            return layer(q, k, offset=offsets) if decode else layer(q, offset=offset)
+
+    inputs = (g.q, g.k, g.offsets if decode else torch.zeros(1, dtype=torch.int64))
+    with warnings.catch_warnings():  # torch's own, as it decomposes the program
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(Rotate().eval(), inputs, dynamo=True, opset_version=23, verbose=False)
+    model = program.model_proto
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]  # an input the graph does not read is dropped
+    feeds = {name: x.numpy() for name, x in zip(("q", "k", "offsets"), inputs, strict=True) if name in names}
+    return lambda: session.run(None, feeds)
+
+
 def _mlx_fast(g: Group, compiled: bool = False) -> Call:
     """``mlx.core.fast.rope`` (``traditional=True`` is the interleaved layout), or under mx.compile."""
     mx, q, k, dims, first = g.rt.module, g.q, g.k, g.case.dims[3], g.case.offset
@@ -267,6 +295,8 @@ BUILDERS: dict[str, Callable[[Group], Call]] = {
     "transformers-apply-compiled": _transformers_apply_compiled,
     "transformers-full-compiled": _transformers_full_compiled,
     "rotary-embedding-torch": _rotary_embedding_torch,
+    "onnxruntime-op": lambda g: _onnx_runtime(g, op=True),
+    "onnxruntime-elementwise": lambda g: _onnx_runtime(g, op=False),
     "mx.fast.rope": _mlx_fast,
     "mx.fast.rope-compiled": lambda g: _mlx_fast(g, compiled=True),
 }
@@ -285,6 +315,8 @@ NOTES = {
     "transformers-apply-compiled": "torch.compile of transformers' formula, tables ready",
     "transformers-full-compiled": "torch.compile(fullgraph=True) of transformers-full, position ids traced",
     "rotary-embedding-torch": "rotate_queries_or_keys (decode: forward(positions) + apply_rotary_emb)",
+    "onnxruntime-op": "torch.onnx.export (opset 23) of anyrope.layers.torch: ONNX's RotaryEmbedding op, in ONNX Runtime",
+    "onnxruntime-elementwise": "the same export with onnx_op=False: anyrope's elementwise form, in ONNX Runtime",
     "mx.fast.rope": "traditional=True for interleaved; decode: an offset per row",
     "mx.fast.rope-compiled": "mx.compile of mx.fast.rope (decode offsets traced)",
 }

@@ -199,6 +199,32 @@ def test_compiled_variants_rotate_like_the_call(name: str) -> None:
     assert {spec.compiled_copy, spec.compiler} <= checked
 
 
+def test_onnx_runtime_variants_rotate_like_the_call() -> None:
+    """Both ONNX Runtime variants export, load and compute the eager call, decode (offsets an
+    input of the model) and small (a Python offset), in both layouts."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    rt, spec = make_runtime("torch"), rope_cases.SPECS["torch"]
+    with rt.scope():
+        for case in rope_cases.cases("tiny")[1:]:
+            for layout in rope_cases.LAYOUTS:
+                g = rope_variants.make_group(rt, case, "float32", layout)
+                expected = _host("torch", rope_variants.anyrope_call(g)())
+                for variant in rope_cases.ONNX_VARIANTS:
+                    assert (variant, case.tensors, "") in rope_cases.variants_of(spec, case, layout)
+                    bench = rope_cases.Bench("torch", case, "float32", layout, variant, case.tensors)
+                    got = rope_variants.build(rt, bench)()
+                    for mine, theirs in zip(got, expected, strict=True):
+                        # float32 tables of the same exact angles, values of size ~4: a few ulp
+                        assert abs(mine - theirs).max() <= 1e-5, (variant, case, layout)
+    bf16 = [
+        b for b in rope_cases.plan("tiny", variants=list(rope_cases.ONNX_VARIANTS)) if b.dtype == "bfloat16"
+    ]
+    assert bf16, "the torch backend plans bfloat16"
+    assert all(b.skip for b in bf16)
+
+
 def _gone(proc: subprocess.Popen[str]) -> bool:
     """The process has exited and was reaped: its pid no longer names it."""
     if proc.poll() is None:

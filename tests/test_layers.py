@@ -5,9 +5,15 @@ its own modules is allowed only where that module imports an optional library as
 from __future__ import annotations
 
 import ast
+import importlib.util
+import os
 import pkgutil
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import anyrope
 
@@ -69,3 +75,51 @@ def test_the_architecture_page_names_every_layered_module() -> None:
     assert declared <= named, f"modules of the contract missing from the page: {sorted(declared - named)}"
     existing = {info.name for info in pkgutil.iter_modules([str(ROOT / "src" / "anyrope")])}
     assert named <= existing, f"the page names modules the package lacks: {sorted(named - existing)}"
+
+
+# Each layer module and the framework it is for; importing it may import that framework (with
+# what the framework imports itself) and nothing else.
+LAYER_FRAMEWORKS = {
+    "anyrope.layers.torch": "torch",
+    "anyrope.layers.mlx": "mlx.nn",
+    "anyrope.layers.flax": "flax.nnx",
+    "anyrope.layers.keras": "keras",
+}
+# onnx and its runtime too: the torch layer's export path uses torch.onnx alone, loaded with torch
+FRAMEWORKS = ("torch", "jax", "flax", "keras", "mlx", "tensorflow", "onnx", "onnxruntime", "onnxscript")
+
+_IMPORTED = """
+import sys
+{first}
+before = set(sys.modules)
+import {module}
+print(" ".join(sorted({{name.partition(".")[0] for name in set(sys.modules) - before}})))
+"""
+
+
+def _newly_imported(module: str, first: str = "") -> set[str]:
+    """The top-level packages that ``import module`` adds, in a fresh interpreter, after ``first``."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE.parent), os.environ.get("PYTHONPATH")])),
+    }
+    env.setdefault("KERAS_BACKEND", "jax" if importlib.util.find_spec("jax") else "torch")
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTED.format(first=first, module=module)],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
+
+
+def test_the_layers_package_imports_no_framework() -> None:
+    assert not _newly_imported("anyrope.layers") & set(FRAMEWORKS)
+
+
+@pytest.mark.parametrize("module", sorted(LAYER_FRAMEWORKS))
+def test_a_layer_module_imports_only_its_framework(module: str) -> None:
+    framework = LAYER_FRAMEWORKS[module]
+    if importlib.util.find_spec(framework.partition(".")[0]) is None:
+        pytest.skip(f"{framework} is not installed")
+    assert framework.partition(".")[0] in _newly_imported(module, "import anyrope")  # the scan sees it
+    assert not _newly_imported(module, f"import anyrope, {framework}") & set(FRAMEWORKS)

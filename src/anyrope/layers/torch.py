@@ -1,0 +1,86 @@
+"""``RotaryEmbedding``: a ``torch.nn.Module`` that rotates with :class:`anyrope.RoPE`.
+
+It holds the RoPE and nothing torch saves or casts: no parameters, no buffers, so ``state_dict()``
+is empty. Its tables are never stored in the module: anyrope forms them for each call (cached
+per dtype and device where the positions are known on the host), so ``model.to(torch.bfloat16)``,
+``.half()`` and meta-device initialisation followed by ``to_empty`` cannot round or lose them,
+and compiled graphs see no table of a fixed length.
+
+While ``torch.onnx.export`` traces it, a call that the standard ONNX ``RotaryEmbedding`` op
+expresses becomes that one node (:mod:`anyrope.layers._onnx` says which calls do); the others
+export as anyrope's elementwise form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._rope import rotary_of
+from ._build import LayerBase, make_rope
+from ._onnx import standard_op, unexpressed
+
+__all__ = ["RotaryEmbedding"]
+
+_is_exporting = getattr(torch.compiler, "is_exporting", lambda: True)  # older torch: ask torch.onnx alone
+
+
+class RotaryEmbedding(LayerBase, torch.nn.Module):
+    """Rotary position embedding as a ``torch.nn.Module``.
+
+    Parameters
+    ----------
+    rope : anyrope.RoPE or int
+        The rotation, or its ``head_dim`` with :class:`anyrope.RoPE`'s keyword arguments in
+        ``options`` (``base=``, ``layout=``, ``scaling=``, ``max_position=``, ...).
+        ``RotaryEmbedding.from_hf_config(config)`` reads a Hugging Face config.
+    onnx_op : bool, optional
+        Under ``torch.onnx.export``: None (the default) exports each call as ONNX's
+        ``RotaryEmbedding`` op where the op expresses it, and as anyrope's elementwise form
+        elsewhere; False always exports the elementwise form; True is None, and raises here
+        unless the op expresses this RoPE (it needs ``max_position``, its caches' length, and
+        fixed frequencies). Calls the op cannot take whatever the RoPE (float64, other shapes,
+        ``inplace=True``) export elementwise. Eager and compiled calls ignore it.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anyrope.layers.torch import RotaryEmbedding
+    >>> rotary = RotaryEmbedding(64, base=500000.0, max_position=4096)
+    >>> q, k = rotary(torch.ones(2, 8, 5, 64), torch.ones(2, 2, 5, 64), offset=3)
+    >>> q.shape, len(rotary.state_dict())
+    (torch.Size([2, 8, 5, 64]), 0)
+    """
+
+    def __init__(self, rope: Any, *, onnx_op: bool | None = None, **options: Any) -> None:
+        super().__init__()
+        if onnx_op is not None and not isinstance(onnx_op, bool):
+            raise TypeError(f"onnx_op must be None, True or False, not {onnx_op!r}")
+        self._rope = make_rope(rope, options, "RotaryEmbedding")
+        why = unexpressed(rotary_of(self._rope)) if onnx_op else None
+        if why is not None:  # here rather than in torch.onnx.export, which would retry and bury it
+            raise ValueError(f"onnx_op=True, but ONNX's RotaryEmbedding op cannot express {why}")
+        self.onnx_op = onnx_op
+
+    def forward(
+        self,
+        q: Any,
+        k: Any = None,
+        *,
+        positions: Any = None,
+        offset: Any = 0,
+        seq_axis: int = -2,
+        inplace: bool = False,
+    ) -> Any:
+        """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=...)``: the rotated q, or
+        (q, k), with :meth:`anyrope.RoPE.__call__`'s arguments and errors."""
+        # torch.export first: eager calls then never load torch.onnx, and dynamo folds both to False
+        if self.onnx_op is not False and _is_exporting() and torch.onnx.is_in_onnx_export():
+            rotated = standard_op(self._rope, q, k, positions, offset, seq_axis, inplace=inplace)
+            if rotated is not None:
+                return rotated
+        return self._rope(q, k, positions=positions, offset=offset, seq_axis=seq_axis, inplace=inplace)
+
+    def extra_repr(self) -> str:
+        return repr(self._rope) + ("" if self.onnx_op is None else f", onnx_op={self.onnx_op}")
