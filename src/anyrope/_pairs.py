@@ -65,6 +65,7 @@ def turn_pairs(xp: Any, x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: 
     # float32 buffer and a pass more (2x the bytes of a copy, then 3x).
     turned = [xp.astype(new_a, dtype, copy=False), xp.astype(new_b, dtype, copy=False)]
     rotated = xp.reshape(xp.stack(turned, axis=axis), (*new_a.shape[:-1], rotary_dim))
-    if rotary_dim == x.shape[-1]:
-        return rotated
-    return xp.concat([rotated, x[..., rotary_dim:]], axis=-1)
+    if rotary_dim < x.shape[-1]:
+        rotated = xp.concat([rotated, x[..., rotary_dim:]], axis=-1)
+    # NumPy 2's stack and concat make a big-endian dtype native: x's comes back
+    return rotated if rotated.dtype == dtype else xp.astype(rotated, dtype)
