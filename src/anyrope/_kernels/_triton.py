@@ -210,19 +210,19 @@ def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles, *, inplace: bool
         )  # fmt: skip
 
 
-def _run(x: torch.Tensor, out: torch.Tensor, angles: Angles, seq_axis: int, *, inplace: bool) -> None:
-    """Rotate x into out (x itself where ``inplace``) of any strides."""
+def _run(x: torch.Tensor, out: torch.Tensor, angles: Angles, seq_axis: int) -> None:
+    """Rotate x into out (which may be x) of any strides."""
     out5 = _five(out, seq_axis)
     if out5 is None:  # into a dense buffer, then copied through out's strides
         dense = torch.empty_like(x, memory_format=torch.contiguous_format)
-        _run(x, dense, angles, seq_axis, inplace=False)
+        _run(x, dense, angles, seq_axis)
         out.copy_(dense)
         return
     x5 = _five(x, seq_axis)
     if x5 is None:
         x5 = _five(x.contiguous(), seq_axis)
         assert x5 is not None
-    _launch(x5, out5, angles, inplace=inplace)
+    _launch(x5, out5, angles, inplace=out is x)  # by identity: a fake tensor has no data pointer
 
 
 # The two ops share their arguments after x: the call's Angles (its mode named "source": torch
@@ -242,9 +242,7 @@ def _rotate(
 ) -> torch.Tensor:  # fmt: skip
     """x rotated into a new tensor of its shape, dtype and device."""
     out = torch.empty_like(x)
-    _run(
-        x, out, Angles(index, start, steps, streams, cos, sin, source, pairs, flags), seq_axis, inplace=False
-    )
+    _run(x, out, Angles(index, start, steps, streams, cos, sin, source, pairs, flags), seq_axis)
     return out
 
 
@@ -255,7 +253,7 @@ def _rotate_inplace(
     source: int, pairs: int, flags: int, seq_axis: int,
 ) -> None:  # fmt: skip
     """x rotated in place."""
-    _run(x, x, Angles(index, start, steps, streams, cos, sin, source, pairs, flags), seq_axis, inplace=True)
+    _run(x, x, Angles(index, start, steps, streams, cos, sin, source, pairs, flags), seq_axis)
 
 
 if _INTERPRETED:
