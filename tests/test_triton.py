@@ -65,6 +65,12 @@ def test_custom_ops_pass_opcheck(torch_backend: Backend) -> None:
     args = (positions, 0, steps, None, None, None, 2, 4, _triton.HALF, -2)
     torch.library.opcheck(torch.ops.anyrope.rotate.default, (x, *args))
     torch.library.opcheck(torch.ops.anyrope.rotate_.default, (x.detach().clone(), *args))
+    y = _tensor(torch_backend, (2, 5, 1, 16), seed=1).requires_grad_()  # its own sequence axis
+    pair = (x, y, *args[:-1], -2, -3)
+    torch.library.opcheck(torch.ops.anyrope.rotate_pair.default, pair)
+    torch.library.opcheck(
+        torch.ops.anyrope.rotate_pair_.default, (x.detach().clone(), y.detach().clone(), *pair[2:])
+    )
 
 
 def test_compiled_without_graph_break(torch_backend: Backend) -> None:
@@ -86,10 +92,56 @@ def test_compiled_without_graph_break(torch_backend: Backend) -> None:
 
     with anyrope.use_fast_paths("triton"):
         (got_q, got_k), shifted = torch.compile(both, fullgraph=True, backend=spy)(q, k, positions)
-    assert sum("anyrope.rotate" in target for target in seen) == 3, seen
+    ops = [target.removesuffix(".default") for target in seen if target.startswith("anyrope.")]
+    assert ops == ["anyrope.rotate_pair", "anyrope.rotate"], seen  # q and k together, then q
     (want_q, want_k), want_shifted = _both(lambda: both(q, k, positions))[1]
     for got, want in ((got_q, want_q), (got_k, want_k), (shifted, want_shifted)):
         assert torch.equal(got, want)
+
+
+def test_q_and_k_in_one_launch(torch_backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """q and k of one call share one launch: heads, sequence axes, lengths and strides of their
+    own, in place, partial rotary, gradients; q and k of different dtypes take one launch each."""
+    import torch
+
+    from anyrope._kernels import _triton
+
+    launches: list[int] = []
+    launch = _triton._launch
+    monkeypatch.setattr(
+        _triton, "_launch", lambda arrays, *a, **kw: (launches.append(len(arrays)), launch(arrays, *a, **kw))
+    )
+    rope = anyrope.RoPE(32, rotary_dim=24, layout="interleaved")
+    q = _tensor(torch_backend, (3, 5, 9, 32))
+    k = _tensor(torch_backend, (3, 9, 2, 32), seed=1)[:, :7].transpose(1, 2)  # (3, 2, 7, 32), strided
+    positions = torch_backend.asarray(np.arange(27).reshape(3, 9) * 41)
+    calls = {
+        "offsets": lambda: rope(q, k, offset=[4, 0, 9]),
+        "positions": lambda: rope(q[:, :, 2:], k, positions=positions[:, :7]),
+        "seq axes": lambda: rope(q.transpose(1, 2), k.transpose(1, 2), offset=3, seq_axis=-3),
+        "in place": lambda: rope(q.clone(), k.clone(), offset=[4, 0, 9], inplace=True),
+    }
+    for name, call in calls.items():
+        launches.clear()
+        fast, generic = _both(call)
+        assert launches == [2], name
+        for got, want in zip(fast, generic, strict=True):
+            assert torch.equal(got, want), name
+    launches.clear()
+    with anyrope.use_fast_paths("triton"):
+        rope(q, k.double(), offset=2)
+    assert launches == [1, 1]
+    q_grad, k_grad = q.clone().requires_grad_(), k.clone().requires_grad_()
+    with anyrope.use_fast_paths("triton"):
+        got_q, got_k = rope(q_grad, k_grad, offset=[4, 0, 9])
+        (got_q.square().sum() + 3 * got_k.sum()).backward()
+    want_q, want_k = q.clone().requires_grad_(), k.clone().requires_grad_()
+    with anyrope.use_fast_paths(False):
+        generic_q, generic_k = rope(want_q, want_k, offset=[4, 0, 9])
+        (generic_q.square().sum() + 3 * generic_k.sum()).backward()
+    # the generic gradient rounds through other operations: float32's few-ulp agreement
+    torch.testing.assert_close(q_grad.grad, want_q.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k_grad.grad, want_k.grad, rtol=1e-6, atol=1e-6)
 
 
 def test_strided_inputs(torch_backend: Backend) -> None:

@@ -37,6 +37,8 @@ def signature(names: list[str], dtype: str) -> dict[str, str]:
     kinds = {
         "x_ptr": POINTERS[dtype],
         "out_ptr": POINTERS[dtype],
+        "y_ptr": POINTERS[dtype],
+        "y_out_ptr": POINTERS[dtype],
         "steps_ptr": "*fp64",
         "streams_ptr": "*i32",
     }
@@ -53,7 +55,7 @@ def main() -> int:
             "PAIRS": 48, "PAIRS_P2": 64, "TAIL_P2": 32, "MODE": mode, "MULTI": multi, "HALF": half,
             "INVERSE": mode == TABLES, "SCALED": mode != TABLES, "COPY_TAIL": True,
             "WIDE": dtype == "float64", "BF16": dtype == "bfloat16", "SPLIT": SPLIT_BITS, "MASK": (1 << SPLIT_BITS) - 1,
-            "BLOCK_S": 32, "HEADS": 8,
+            "BLOCK_S": 32, "HEADS": 8, "TWO": mode != TABLES,
         }  # fmt: skip
         source = ASTSource(
             fn=kernel,

@@ -173,7 +173,7 @@ def _constant(
     traced: bool,
 ) -> tuple[Any, Any]:
     """Small constant device arrays of ``rows`` float64 rows per frequency, made once per device."""
-    return table_cache.constant(xp, (*key, env), build, nbytes=8 * rows * len(key[1]), traced=traced)
+    return table_cache.constant(xp, env, key, build, nbytes=8 * rows * len(key[1]), traced=traced)
 
 
 def _by_digits(

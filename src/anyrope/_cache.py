@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ._args import check_int
-from ._compat import is_library, materialize
+from ._compat import Environment, is_library, materialize
 
 __all__ = ["TableCache", "table_cache"]
 
@@ -125,22 +125,31 @@ class TableCache:
             return entry.tables
 
     def constant(
-        self, xp: Any, key: Hashable, build: Callable[[], tuple[Any, Any]], *, nbytes: int, traced: bool
+        self,
+        xp: Any,
+        env: Environment,
+        key: Hashable,
+        build: Callable[[], tuple[Any, Any]],
+        *,
+        nbytes: int,
+        traced: bool,
     ) -> tuple[Any, Any]:
-        """A pair of constant device arrays (digit tables, exact angle steps), built once by
-        ``build()``. Made on the device once rather than copied there on every call: a copy per
-        call would cost a host-to-device transfer, which a captured CUDA graph cannot replay.
-        While ``traced``, built afresh and not kept: nothing traced may be kept."""
+        """A pair of constant device arrays (digit tables, exact angle steps) for ``env``'s device,
+        built once by ``build()``. Made on the device once rather than copied there on every call:
+        a copy per call would cost a host-to-device transfer, which a captured CUDA graph cannot
+        replay. While ``traced``, built afresh and not kept: nothing traced may be kept."""
         if traced:
             return build()
-        entry = self._entries.get(key)  # a plain dict read: no lock needed
+        cache_key = (key, env)
+        entry = self._entries.get(cache_key)  # a plain dict read: no lock needed
         if entry is not None:
             return entry.tables
-        tables = build()
+        with untracked(xp):  # kept for later calls: not inference tensors, which autograd cannot save
+            tables = build()
         materialize(xp, *tables)  # finished first: they are shared between threads
         if nbytes > self.limit_bytes // 2:
             return tables
-        return self._store(key, tables, 0, nbytes)
+        return self._store(cache_key, tables, 0, nbytes)
 
 
 #: The process-wide table cache used by :class:`anyrope.RoPE`.

@@ -137,6 +137,9 @@ class Kernel:
     traceable: bool
     differentiable: bool
     run: Callable[[Job], Any] = field(repr=False, compare=False)
+    # Both arrays of a call (q and k) in one pass where it can: one launch instead of two, the
+    # larger part of a GPU decode step's time. Given only jobs that it takes, one by one.
+    run_pair: Callable[[Job, Job], tuple[Any, Any]] | None = field(default=None, repr=False, compare=False)
     requires: tuple[str, ...] = ()
     sources: frozenset[str] = ANY
     device_frequencies: bool = True

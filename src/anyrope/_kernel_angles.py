@@ -18,9 +18,12 @@ from __future__ import annotations
 from typing import Any
 
 from ._angles import level_steps, split_levels
-from ._cache import table_cache, untracked
+from ._cache import table_cache
+from ._compat import Environment, environment, is_library
 from ._context import CallContext
+from ._frequencies import PairFrequencies
 from ._memo import Memo
+from ._rotary import Rotary
 
 __all__ = ["LEVELS", "OFFSET", "POSITIONS", "STARTS", "TABLES", "KernelAngles", "device_steps"]
 
@@ -69,20 +72,58 @@ def host_steps(per_pair: tuple[float, ...], scale: float) -> tuple[tuple[float, 
 _host_steps: Memo[tuple[tuple[float, ...], ...]] = Memo(64)
 
 
-def device_steps(
-    ctx: CallContext, per_pair: tuple[float, ...], scale: float, streams: tuple[int, ...] | None
-) -> tuple[Any, Any]:
-    """The steps (and the streams) on the device: made there once and kept (a copy per call
-    could not be replayed by a CUDA graph); made afresh while traced, where nothing is kept."""
+def device_steps(ctx: CallContext, rotary: Rotary, freqs: PairFrequencies, *, multi: bool) -> tuple[Any, Any]:
+    """The steps (and, for several position streams, the stream of each pair) on the device:
+    made there once and kept (a copy per call could not be replayed by a CUDA graph).
+
+    While dynamo traces, fetched as plain Python from that same cache through the rotary's
+    handle (see :mod:`._handle`): a tensor made inside the trace would be a constant that the
+    compiled graph copies on every call (on a GPU a launch of its own beside the rotation's),
+    while one that exists is an input read in place. Other tracers build them in the graph."""
     xp, device = ctx.xp, ctx.device
+    if ctx.traced and is_library(xp, "torch"):
+        from ._torch_ops import dynamo_traces  # imports torch: the array came from it
+
+        which = _made_with(rotary, freqs)
+        if which is not None and dynamo_traces():
+            return rotary.handle.fetch(_kept_steps, device, which, multi)
+    return _device_steps(xp, ctx.env, rotary, freqs, multi, ctx.traced)
+
+
+def _made_with(rotary: Rotary, freqs: PairFrequencies) -> str | None:
+    """Which of the frequencies made with the rotary these are, by name (a constant to dynamo),
+    or None for those of a length found during the call."""
+    spectrum = rotary.spectrum
+    for name in ("static", "original"):
+        if freqs is getattr(spectrum, name):
+            return name
+    return "long" if spectrum.switch is not None and freqs is spectrum.switch.long else None
+
+
+def _kept_steps(rotary: Rotary, device: Any, which: str, multi: bool) -> tuple[Any, Any]:
+    """A traced call's steps, as an eager call keeps them (the same cache entry)."""
+    from array_api_compat import torch as xp
+
+    from ._torch_ops import real_tensors
+
+    spectrum = rotary.spectrum
+    freqs = spectrum.switch.long if which == "long" and spectrum.switch else getattr(spectrum, which)
+    assert isinstance(freqs, PairFrequencies)
+    with real_tensors():
+        return _device_steps(xp, environment(xp, device), rotary, freqs, multi, False)
+
+
+def _device_steps(
+    xp: Any, env: Environment, rotary: Rotary, freqs: PairFrequencies, multi: bool, traced: bool
+) -> tuple[Any, Any]:
+    per_pair = tuple(freqs.inv_freq[j] for j in rotary.pair_frequencies)
+    scale, device = freqs.scale, env.device
+    streams = rotary.pair_streams if multi else None
 
     def build() -> tuple[Any, Any]:
-        rows = _host_steps.get((per_pair, scale), lambda: host_steps(per_pair, scale), traced=ctx.traced)
+        rows = _host_steps.get((per_pair, scale), lambda: host_steps(per_pair, scale), traced=traced)
         steps = xp.asarray(rows, dtype=xp.float64, device=device)
         return steps, None if streams is None else xp.asarray(streams, dtype=xp.int32, device=device)
 
-    if ctx.traced:
-        return build()
-    key = ("fused-steps", per_pair, scale, streams, ctx.env)
-    with untracked(xp):  # kept for later calls: not inference tensors, which autograd cannot save
-        return table_cache.constant(xp, key, build, nbytes=8 * (LEVELS + 2) * len(per_pair), traced=False)
+    key = ("fused-steps", per_pair, scale, streams)
+    return table_cache.constant(xp, env, key, build, nbytes=8 * (LEVELS + 2) * len(per_pair), traced=traced)

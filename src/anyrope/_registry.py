@@ -119,10 +119,13 @@ def choose(job: Job, switch: Switch) -> Kernel:
 
 
 def run(jobs: list[Job], switch: Switch) -> list[Any]:
-    """Run each job through its kernel (chosen under ``switch``), every kernel chosen before any runs."""
+    """Run each job through its kernel (chosen under ``switch``), every kernel chosen before any
+    runs; q and k together where one kernel took both and rotates pairs."""
     chosen = []
     for job in jobs:
         chosen.append(choose(job, switch))
+    if len(jobs) == 2 and chosen[0] is chosen[1] and chosen[0].run_pair is not None:
+        return list(chosen[0].run_pair(*jobs))
     results = []
     for kernel, job in zip(chosen, jobs, strict=True):
         results.append(kernel.run(job))

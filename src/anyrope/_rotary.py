@@ -4,9 +4,10 @@ holds one; everything below the public API reads this instead of the RoPE object
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ._frequencies import Spectrum
+from ._handle import Handle
 from ._layout import Layout
 from ._sections import Sections
 from .scaling import Scaling
@@ -29,6 +30,12 @@ class Rotary:
     sections: Sections | None
     xpos_scale_base: float | None
     spectrum: Spectrum
+
+    handle: Handle[Rotary] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # what code run as plain Python under a tracer reaches this rotary by (see ._handle)
+        object.__setattr__(self, "handle", Handle(self))
 
     # Worked out from the sections, not kept as int fields: dynamo makes an int attribute that
     # differs between compiled calls symbolic, and these choose shapes and error messages.

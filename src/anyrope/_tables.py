@@ -129,8 +129,8 @@ class PositionTables:
             values = ctx.xp.asarray(exponents(rotary_dim), dtype=dtype, device=ctx.device)
             return values, values
 
-        key = ("exponents", rotary_dim, dtype, ctx.env)
-        return table_cache.constant(ctx.xp, key, build, nbytes=8 * rotary_dim, traced=ctx.traced)[0]
+        key = ("exponents", rotary_dim, dtype)
+        return table_cache.constant(ctx.xp, ctx.env, key, build, nbytes=8 * rotary_dim, traced=ctx.traced)[0]
 
     def _each_stream(
         self,
@@ -212,12 +212,10 @@ class PositionTables:
     def _kernel_angles(self) -> KernelAngles:
         assert isinstance(self.freqs, PairFrequencies)
         rotary, spec, xp = self.rotary, self.spec, self.ctx.xp
-        per_pair = tuple(self.freqs.inv_freq[j] for j in rotary.pair_frequencies)
-        pairs, scale = len(per_pair), self.freqs.scale
+        pairs = len(rotary.pair_frequencies)
         # one position per token (1-D positions, offsets) puts every stream there: no stream lookup
-        streams_of = rotary.pair_streams if isinstance(spec, MultiAxis) else None
-        steps, streams = device_steps(self.ctx, per_pair, scale, streams_of)
-        common = {"steps": steps, "streams": streams, "scaled": scale != 1.0}
+        steps, streams = device_steps(self.ctx, rotary, self.freqs, multi=isinstance(spec, MultiAxis))
+        common = {"steps": steps, "streams": streams, "scaled": self.freqs.scale != 1.0}
         if isinstance(spec, Offset):
             return KernelAngles(OFFSET, pairs, 1, start=spec.start, **common)
         if isinstance(spec, ArrayOffset):

@@ -1,5 +1,6 @@
-"""The torch operator that keeps a call's tables while torch.compile compiles it; imported on
-first use (it imports torch).
+"""What torch's tracers need of anyrope: the operator that keeps a call's tables while
+torch.compile compiles it, and :class:`anyrope._handle.Handle`'s fetch of kept constants as plain
+Python; imported on first use (it imports torch).
 
 Inductor fuses elementwise work into its consumers: left alone, the float64 angles and their cos
 and sin go into the loop over every head, formed once per head instead of once per call. An
@@ -7,11 +8,28 @@ operator it cannot see into makes it form them once, into a buffer, before the r
 them. The operator only copies, so results are unchanged; its gradient passes through.
 """
 
-from typing import Any
+import contextlib
+from typing import Any, cast
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-__all__ = ["keep_tables"]
+from ._handle import Handle
+
+__all__ = ["dynamo_traces", "keep_tables", "real_tensors"]
+
+
+def dynamo_traces() -> bool:
+    return bool(torch.compiler.is_dynamo_compiling())
+
+
+# dynamo runs a Handle's fetch as plain Python and takes its result as a constant (see ._handle)
+torch.compiler.assume_constant_result(Handle.fetch)  # type: ignore[no-untyped-call]
+
+
+def real_tensors() -> contextlib.AbstractContextManager[Any]:
+    """Where tensors made while dynamo traces are real, to be kept: outside any fake mode."""
+    return cast("contextlib.AbstractContextManager[Any]", unset_fake_temporarily())
 
 
 @torch.library.custom_op("anyrope::keep_tables", mutates_args=())

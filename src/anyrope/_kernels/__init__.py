@@ -40,7 +40,7 @@ FUSED: _Fused = {
 REGISTRY: tuple[Kernel, ...] = (
     Kernel(
         name="triton",
-        summary="one Triton pass per array that forms each token's angles in the kernel from the "
+        summary="one Triton pass over q and k that forms each token's angles in the kernel from the "
         "positions (float64, exactly reduced steps: no tables in memory) and reads and writes each "
         "pair once; a torch Triton op, so torch.compile traces it and launches the kernel from its own "
         "code, CUDA graphs capture it, and its "
@@ -53,6 +53,7 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=True,
         differentiable=True,
         run=triton_cuda.run,
+        run_pair=triton_cuda.run_pair,
         requires=("triton",),
         **FUSED,
     ),

@@ -33,7 +33,7 @@ from .._angles import SPLIT_BITS
 from .._kernel_angles import POSITIONS, STARTS, TABLES, KernelAngles
 from .._pairs import five_axes
 
-__all__ = ["call_ops"]
+__all__ = ["call_ops", "call_pair_ops"]
 
 HALF, INVERSE, SCALED = 1, 2, 4  # flags of a call
 
@@ -63,17 +63,48 @@ def _narrow(v, BF16: tl.constexpr, OUT: tl.constexpr):  # type: ignore[no-untype
 
 @triton.jit
 def _rotate_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton types the pointers
-    x_ptr, out_ptr, index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr,
-    start, heads, trail, seq, width,
-    sxb, sxh, sxs, sxt, sob, soh, sos, sot,
+    x_ptr, out_ptr, y_ptr, y_out_ptr, index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr,
+    start, width, x_programs,
+    heads, trail, seq, sxb, sxh, sxs, sxt, sob, soh, sos, sot,
+    y_heads, y_trail, y_seq, syb, syh, sys, syt, syob, syoh, syos, syot,
     si_stream, si_row, si_seq, sc_row, sc_seq,
+    PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr, TAIL_P2: tl.constexpr, MODE: tl.constexpr,
+    MULTI: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr, SCALED: tl.constexpr,
+    COPY_TAIL: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr, SPLIT: tl.constexpr, MASK: tl.constexpr,
+    BLOCK_S: tl.constexpr, HEADS: tl.constexpr, TWO: tl.constexpr,
+):  # fmt: skip
+    """x's programs first, then (``TWO``) y's: q and k of one call in one launch. Without TWO the
+    y branch is compiled out, which tells inductor, reading the kernel for what it writes, that
+    a lone x's arguments repeated as y's are not written twice."""
+    pid = tl.program_id(0)
+    if TWO:  # noqa: SIM102 - a constexpr test compiles the branch out; "and" with a tensor would not
+        if pid >= x_programs:
+            _rotate_block(
+                pid - x_programs, y_ptr, y_out_ptr, y_heads, y_trail, y_seq, syb, syh, sys, syt, syob, syoh, syos,
+                syot, index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr, start, width, si_stream, si_row, si_seq,
+                sc_row, sc_seq, PAIRS, PAIRS_P2, TAIL_P2, MODE, MULTI, HALF, INVERSE, SCALED, COPY_TAIL, WIDE, BF16,
+                SPLIT, MASK, BLOCK_S, HEADS,
+            )  # fmt: skip
+            return
+    _rotate_block(
+        pid, x_ptr, out_ptr, heads, trail, seq, sxb, sxh, sxs, sxt, sob, soh, sos, sot,
+        index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr, start, width, si_stream, si_row, si_seq, sc_row,
+        sc_seq, PAIRS, PAIRS_P2, TAIL_P2, MODE, MULTI, HALF, INVERSE, SCALED, COPY_TAIL, WIDE, BF16, SPLIT,
+        MASK, BLOCK_S, HEADS,
+    )  # fmt: skip
+
+
+@triton.jit
+def _rotate_block(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton types the pointers
+    pid, x_ptr, out_ptr, heads, trail, seq, sxb, sxh, sxs, sxt, sob, soh, sos, sot,
+    index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr, start, width, si_stream, si_row, si_seq, sc_row, sc_seq,
     PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr, TAIL_P2: tl.constexpr, MODE: tl.constexpr,
     MULTI: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr, SCALED: tl.constexpr,
     COPY_TAIL: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr, SPLIT: tl.constexpr, MASK: tl.constexpr,
     BLOCK_S: tl.constexpr, HEADS: tl.constexpr,
 ):  # fmt: skip
+    """Program ``pid`` of one array: a block of tokens of one batch row, in a group of heads."""
     COMPUTE: tl.constexpr = tl.float64 if WIDE else tl.float32
-    pid = tl.program_id(0)
     blocks = tl.cdiv(seq, BLOCK_S)
     groups = tl.cdiv(heads * trail, HEADS)
     rest = pid // blocks
@@ -169,10 +200,11 @@ class Angles(NamedTuple):
     flags: int
 
 
-def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles, *, inplace: bool) -> None:
-    """Rotate five-axis ``x`` into five-axis ``out`` (x itself where ``inplace``)."""
-    batch, heads, seq, trail, width = x.shape
-    if x.numel() == 0:
+def _launch(arrays: list[tuple[torch.Tensor, torch.Tensor]], angles: Angles, *, copy_tail: bool) -> None:
+    """Rotate each five-axis x into its five-axis out (x itself in place), one or two arrays in
+    one launch: the first array's programs, then the second's."""
+    arrays = [(x, out) for x, out in arrays if x.numel() != 0]
+    if not arrays:
         return
     index, cos, sin = angles.positions, angles.cos, angles.sin
     mode, pairs, flags = angles.mode, angles.pairs, angles.flags
@@ -180,9 +212,15 @@ def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles, *, inplace: bool
     # A traced length or head count (a SymInt of torch.export's dynamic shapes) takes the widest
     # block and group: fitting them to it would be a guard outside the range it declares.
     widest = 2048 // pairs_p2
-    block_s = max(1, min(triton.next_power_of_2(seq), widest)) if isinstance(seq, int) else widest
-    group = min(8, heads * trail) if isinstance(heads * trail, int) else 8
-    grid = (batch * triton.cdiv(heads * trail, group) * triton.cdiv(seq, block_s),)
+    seqs = [x.shape[2] for x, _ in arrays]
+    lanes = [x.shape[1] * x.shape[3] for x, _ in arrays]  # heads times trail
+    static = all(isinstance(n, int) for n in (*seqs, *lanes))
+    block_s = max(1, min(triton.next_power_of_2(max(seqs)), widest)) if static else widest
+    group = min(8, max(lanes)) if static else 8
+    programs = [
+        x.shape[0] * triton.cdiv(n, group) * triton.cdiv(seq, block_s)
+        for (x, _), n, seq in zip(arrays, lanes, seqs, strict=True)
+    ]
     si = (0, 0, 0)  # strides of the index: (stream, row, token); 0 where shared
     if index is not None and mode == STARTS:
         si = (0, index.stride(0) if index.shape[0] > 1 else 0, 0)
@@ -193,41 +231,51 @@ def _launch(x: torch.Tensor, out: torch.Tensor, angles: Angles, *, inplace: bool
         if cos.stride(-1) != 1 or sin.stride() != cos.stride():
             cos, sin = cos.contiguous(), sin.contiguous()
         sc = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1))
+    x, out = arrays[0]
     pointers = [x if a is None else a for a in (index, angles.steps, angles.streams, cos, sin)]
+    shapes = [(x.shape[1], x.shape[3], x.shape[2], *x.stride()[:4], *out.stride()[:4]) for x, out in arrays]
+    y, y_out = arrays[-1]  # x again where it is alone: its programs are all there are
+    width = x.shape[4]
     with _one_launch_at_a_time:
-        wrap_triton(_rotate_kernel)[grid](
-            x, out, *pointers,  # x where the mode reads nothing
-            angles.start, heads, trail, seq, width,
-            x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-            out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-            *si, *sc,
+        wrap_triton(_rotate_kernel)[(sum(programs),)](
+            x, out, y, y_out, *pointers,  # x where the mode reads nothing
+            angles.start, width, programs[0], *shapes[0], *shapes[-1], *si, *sc,
             PAIRS=pairs, PAIRS_P2=pairs_p2, TAIL_P2=triton.next_power_of_2(max(1, width - 2 * pairs)),
             MODE=mode, MULTI=angles.streams is not None, HALF=bool(flags & HALF),
             INVERSE=bool(flags & INVERSE), SCALED=bool(flags & SCALED),
-            COPY_TAIL=not inplace and width > 2 * pairs,
+            COPY_TAIL=copy_tail and width > 2 * pairs,
             WIDE=x.dtype == torch.float64, BF16=x.dtype == torch.bfloat16, SPLIT=SPLIT_BITS, MASK=(1 << SPLIT_BITS) - 1,
-            BLOCK_S=block_s, HEADS=group, enable_fp_fusion=False,
+            BLOCK_S=block_s, HEADS=group, TWO=len(arrays) == 2, enable_fp_fusion=False,
         )  # fmt: skip
 
 
-def _run(x: torch.Tensor, out: torch.Tensor, angles: Angles, seq_axis: int) -> None:
-    """Rotate x into out (which may be x) of any strides."""
-    out5 = _five(out, seq_axis)
-    if out5 is None:  # into a dense buffer, then copied through out's strides
-        dense = torch.empty_like(x, memory_format=torch.contiguous_format)
-        _run(x, dense, angles, seq_axis)
-        out.copy_(dense)
-        return
-    x5 = _five(x, seq_axis)
-    if x5 is None:
-        x5 = _five(x.contiguous(), seq_axis)
+def _run(calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles) -> None:
+    """Rotate each x into its out (which may be x), of any strides, given as (x, out, x's
+    sequence axis): one or two arrays of one dtype, in one launch."""
+    arrays, copies = [], []
+    for x, out, seq_axis in calls:
+        out5 = _five(out, seq_axis)
+        if out5 is None:  # into a dense buffer, then copied through out's strides
+            dense = torch.empty_like(x, memory_format=torch.contiguous_format)
+            copies.append((out, dense))
+            out5 = _five(dense, seq_axis)
+        x5 = _five(x, seq_axis)
+        if x5 is None:
+            x5 = _five(x.contiguous(), seq_axis)
         assert x5 is not None
-    _launch(x5, out5, angles, inplace=out is x)  # by identity: a fake tensor has no data pointer
+        assert out5 is not None
+        arrays.append((x5, out5))
+    # by identity, not by data pointer: a fake tensor has none
+    in_place = not copies and all(x is out for x, out, _ in calls)
+    _launch(arrays, angles, copy_tail=not in_place)
+    for out, dense in copies:
+        out.copy_(dense)
 
 
-# The two ops share their arguments after x: the call's Angles (its mode named "source": torch
-# keeps "mode" for itself), then x's sequence axis. The schema comes from the annotations
-# (Optional, not "| None": torch's schema inference on Python 3.10 reads typing's form).
+# The ops share their arguments after the arrays: the call's Angles (its mode named "source":
+# torch keeps "mode" for itself), then each array's sequence axis. ``rotate_pair`` rotates q and
+# k of one call (one dtype, one set of angles) in one launch. The schema comes from the
+# annotations (Optional, not "| None": torch's schema inference on Python 3.10 reads typing's form).
 # Under the interpreter (the CPU test run) they are plain custom ops with fake implementations:
 # there wrap_triton hands back the interpreted kernel, which would run on fake tensors.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -242,7 +290,7 @@ def _rotate(
 ) -> torch.Tensor:  # fmt: skip
     """x rotated into a new tensor of its shape, dtype and device."""
     out = torch.empty_like(x)
-    _run(x, out, Angles(index, start, steps, streams, cos, sin, source, pairs, flags), seq_axis)
+    _run([(x, out, seq_axis)], Angles(index, start, steps, streams, cos, sin, source, pairs, flags))
     return out
 
 
@@ -253,7 +301,31 @@ def _rotate_inplace(
     source: int, pairs: int, flags: int, seq_axis: int,
 ) -> None:  # fmt: skip
     """x rotated in place."""
-    _run(x, x, Angles(index, start, steps, streams, cos, sin, source, pairs, flags), seq_axis)
+    _run([(x, x, seq_axis)], Angles(index, start, steps, streams, cos, sin, source, pairs, flags))
+
+
+@_define("anyrope::rotate_pair", mutates_args=())
+def _rotate_pair(
+    x: torch.Tensor, y: torch.Tensor, index: Optional[torch.Tensor], start: int,  # noqa: UP045
+    steps: Optional[torch.Tensor], streams: Optional[torch.Tensor], cos: Optional[torch.Tensor],  # noqa: UP045
+    sin: Optional[torch.Tensor], source: int, pairs: int, flags: int, x_axis: int, y_axis: int,  # noqa: UP045
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """x and y rotated alike into new tensors, in one launch."""
+    x_out, y_out = torch.empty_like(x), torch.empty_like(y)
+    angles = Angles(index, start, steps, streams, cos, sin, source, pairs, flags)
+    _run([(x, x_out, x_axis), (y, y_out, y_axis)], angles)
+    return x_out, y_out
+
+
+@_define("anyrope::rotate_pair_", mutates_args={"x", "y"})
+def _rotate_pair_inplace(
+    x: torch.Tensor, y: torch.Tensor, index: Optional[torch.Tensor], start: int,  # noqa: UP045
+    steps: Optional[torch.Tensor], streams: Optional[torch.Tensor], cos: Optional[torch.Tensor],  # noqa: UP045
+    sin: Optional[torch.Tensor], source: int, pairs: int, flags: int, x_axis: int, y_axis: int,  # noqa: UP045
+) -> None:  # fmt: skip
+    """x and y rotated alike in place, in one launch."""
+    angles = Angles(index, start, steps, streams, cos, sin, source, pairs, flags)
+    _run([(x, x, x_axis), (y, y, y_axis)], angles)
 
 
 if _INTERPRETED:
@@ -266,32 +338,54 @@ if _INTERPRETED:
     def _rotate_inplace_fake(x: torch.Tensor, *call: Any) -> None:  # noqa: ARG001 - the op's signature
         return None
 
+    @_rotate_pair.register_fake
+    def _rotate_pair_fake(x: torch.Tensor, y: torch.Tensor, *call: Any) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ARG001
+        return torch.empty_like(x), torch.empty_like(y)
+
+    @_rotate_pair_inplace.register_fake
+    def _rotate_pair_inplace_fake(x: torch.Tensor, y: torch.Tensor, *call: Any) -> None:  # noqa: ARG001
+        return None
+
+
+# A rotation is linear and orthogonal: its vector-Jacobian product is the inverse rotation,
+# through the same op. Each op saves its angles and the call with the inverse flag.
+
 
 def _setup_backward(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:  # noqa: ARG001
-    angles, seq_axis = Angles(*inputs[1:-1]), inputs[-1]
+    arrays = 2 if len(inputs) == 13 else 1  # rotate_pair's inputs, else rotate's
+    angles, axes = Angles(*inputs[arrays : arrays + 9]), inputs[arrays + 9 :]
     ctx.save_for_backward(angles.positions, angles.steps, angles.streams, angles.cos, angles.sin)
-    ctx.call = (angles.start, angles.mode, angles.pairs, angles.flags ^ INVERSE, seq_axis)
+    ctx.call = (angles.start, angles.mode, angles.pairs, angles.flags ^ INVERSE, *axes)
+
+
+def _inverse(ctx: Any, arrays: tuple[torch.Tensor, ...]) -> Any:
+    index, steps, streams, cos, sin = ctx.saved_tensors
+    start, mode, pairs, flags, *axes = ctx.call
+    op = torch.ops.anyrope.rotate if len(arrays) == 1 else torch.ops.anyrope.rotate_pair
+    return op(*arrays, index, start, steps, streams, cos, sin, mode, pairs, flags, *axes)
 
 
 def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-    """A rotation is linear and orthogonal: its vector-Jacobian product is the inverse rotation."""
-    index, steps, streams, cos, sin = ctx.saved_tensors
-    start, mode, pairs, flags, seq_axis = ctx.call
-    back = torch.ops.anyrope.rotate(
-        grad, index, start, steps, streams, cos, sin, mode, pairs, flags, seq_axis
-    )
-    return (back, *([None] * 10))
+    return (_inverse(ctx, (grad,)), *([None] * 10))
+
+
+def _backward_pair(ctx: Any, grad_x: torch.Tensor, grad_y: torch.Tensor) -> tuple[Any, ...]:
+    return (*_inverse(ctx, (grad_x, grad_y)), *([None] * 11))
 
 
 torch.library.register_autograd("anyrope::rotate", _backward, setup_context=_setup_backward)
+torch.library.register_autograd("anyrope::rotate_pair", _backward_pair, setup_context=_setup_backward)
+
+
+def _flags(job: Any, fused: KernelAngles) -> int:
+    flags = (HALF if job.layout == "half" else 0) | (INVERSE if job.inverse else 0)
+    return flags | (SCALED if fused.scaled else 0)
 
 
 def call_ops(job: Any, fused: KernelAngles) -> Any:
     """Run ``job`` through the ops: out of place, in place, or into ``job.out``."""
-    flags = (HALF if job.layout == "half" else 0) | (INVERSE if job.inverse else 0)
-    flags |= SCALED if fused.scaled else 0
     angles = (fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin)
-    call = (*angles, fused.mode, fused.pairs, flags, job.seq_axis)
+    call = (*angles, fused.mode, fused.pairs, _flags(job, fused), job.seq_axis)
     if job.out is None:
         return torch.ops.anyrope.rotate(job.x, *call)
     if job.out is job.x:
@@ -299,3 +393,14 @@ def call_ops(job: Any, fused: KernelAngles) -> Any:
         return job.x
     job.out.copy_(torch.ops.anyrope.rotate(job.x, *call))
     return job.out
+
+
+def call_pair_ops(q: Any, k: Any, fused: KernelAngles) -> tuple[Any, Any]:
+    """Run two jobs with one source, dtype, layout and destination kind (both new arrays, or
+    both in place) through one op."""
+    angles = (fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin)
+    call = (*angles, fused.mode, fused.pairs, _flags(q, fused), q.seq_axis, k.seq_axis)
+    if q.out is None:
+        return torch.ops.anyrope.rotate_pair(q.x, k.x, *call)  # type: ignore[no-any-return]
+    torch.ops.anyrope.rotate_pair_(q.x, k.x, *call)
+    return q.x, k.x

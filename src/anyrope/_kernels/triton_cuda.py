@@ -11,7 +11,7 @@ from typing import Any
 
 from .._job import Job
 
-__all__ = ["DEVICES", "run"]
+__all__ = ["DEVICES", "run", "run_pair"]
 
 #: CUDA (and ROCm, which torch also calls "cuda"); the CPU as well under Triton's interpreter
 DEVICES = frozenset({"cuda", "cpu"} if os.environ.get("TRITON_INTERPRET") == "1" else {"cuda"})
@@ -21,3 +21,20 @@ def run(job: Job) -> Any:
     from . import _triton  # imports triton, an optional library: on first use
 
     return _triton.call_ops(job, job.source.kernel_angles(job.x, job.seq_axis))
+
+
+def run_pair(q: Job, k: Job) -> tuple[Any, Any]:
+    """q and k in one launch where they share their angles (one source), dtype, layout and kind
+    of destination; otherwise one launch each."""
+    from . import _triton
+
+    together = (
+        q.source is k.source
+        and q.x.dtype == k.x.dtype
+        and q.layout == k.layout
+        and q.inverse == k.inverse
+        and ((q.out is None and k.out is None) or (q.out is q.x and k.out is k.x))
+    )
+    if not together:
+        return run(q), run(k)
+    return _triton.call_pair_ops(q, k, q.source.kernel_angles(q.x, q.seq_axis))
