@@ -16,6 +16,7 @@ from ._config import MISSING, ConfigReader
 from ._families import GENERIC, Family, family_of
 from ._hf_layers import _nested, _per_layer, _whole_config_rotates, layer_rotation
 from ._hf_scaling import SUPPORTED_TYPES, _rope_parameters, _rope_type, _scaling
+from ._hf_vision import parse_vision_config, vision_family
 from .scaling import _ntk_base
 
 __all__ = ["SUPPORTED_TYPES", "layer_count", "layer_rotation", "parse_hf_config", "text_config"]
@@ -102,6 +103,14 @@ def parse_hf_config(
     cfg = text_config(config)
     model_type = cfg.get("model_type")
     family = family_of(model_type if isinstance(model_type, str) else None)
+    vision = vision_family(cfg)
+    if vision is not None:  # a vision tower's config: rows and columns (rope_type "axial")
+        if family is not GENERIC:
+            raise ValueError(
+                f"this config says rope_type='axial' (a vision tower's rows and columns), but "
+                f"{family.model_type!r} models rotate with one position per token"
+            )
+        return parse_vision_config(cfg, vision, layer_type=layer_type, layer=layer)
     cfg = ConfigReader(cfg.source, aliases=family.aliases)
     _whole_config_rotates(cfg, family)
     if cfg.get("rotary_value", False) is True:

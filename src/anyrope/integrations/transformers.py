@@ -9,10 +9,17 @@ DynamicNTK and LongRoPE switched on the device, with no host read of the positio
 attention code stays as it is, so ``generate``, every KV cache and ``torch.compile`` work
 unchanged.
 
+Vision towers are patched too: their rotary modules take one position per patch and axis,
+``(patches, axes)``, and rotate with :meth:`anyrope.RoPE.from_hf_config` of the vision config
+(``rope_type="axial"``). A tower whose rotation anyrope cannot express (or whose config it cannot
+read) is left stock with a warning that names the module and says why; the rest of the model is
+patched.
+
 Each rotary module is checked when it is patched: its own tables at a few positions must equal
 anyrope's, which also tells which of the families' table formats it uses (``cat(c, c)``, pairs
-repeated, compact, or complex ``freqs_cis``). A model whose rotation anyrope reads differently
-is refused with the difference, never silently changed.
+repeated, compact, or complex ``freqs_cis``, and for vision towers which axis comes first). A
+model whose rotation anyrope reads differently is refused with the difference, never silently
+changed.
 
 >>> from anyrope.integrations.transformers import use_anyrope  # doctest: +SKIP
 >>> model = use_anyrope(AutoModelForCausalLM.from_pretrained(name))  # doctest: +SKIP
@@ -21,6 +28,7 @@ is refused with the difference, never silently changed.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +55,10 @@ class _Format:
 
     expand: str  # "cat": cat(c, c); "repeat": each column twice; "compact": c; "complex": c + i s
     dtype: torch.dtype | None  # of cos and sin: None for x's dtype, else always this one
+    # vision towers: position_ids' axes in anyrope's stream order (their tables may put width
+    # first), and the unit axes the module puts in front of its tables (SAM 2's memory attention)
+    axes: tuple[int, ...] | None = None
+    lead: int = 0
 
 
 @dataclass
@@ -157,35 +169,67 @@ def _call_stock(
         return forward(module, x, positions, layer_type)
 
 
+def _probe_positions(rope: RoPE, device: torch.device) -> torch.Tensor:
+    """What the probe gives the module: text positions (1, length); for M-RoPE, streams that
+    differ, so each pair's stream shows (values stay below length); for vision towers, (patches,
+    axes) with axes that differ, so the axis order shows."""
+    length = min(_PROBE_LENGTH, rope.fixed_length or _PROBE_LENGTH)
+    positions = torch.arange(length, device=device)
+    steps = torch.arange(1, rope.streams + 1, device=device)
+    if rope.axial is not None:
+        return positions[:, None] * steps % length
+    if rope.streams > 1:
+        return positions[None, None] * steps[:, None, None] % length
+    return positions[None]
+
+
+def _candidates(rope: RoPE) -> Iterator[_Format]:
+    axis_orders: list[tuple[int, ...] | None] = [None]
+    if rope.axial is not None:
+        axis_orders = [tuple(range(rope.axial)), tuple(reversed(range(rope.axial)))]
+    for axes in axis_orders:
+        for expand in ("cat", "repeat", "compact", "complex"):
+            yield _Format(expand, None, axes)
+
+
+def _tables(rope: RoPE, table_format: _Format, position_ids: torch.Tensor, like: torch.Tensor) -> Any:
+    """anyrope's tables in a module's format, for the position ids the module takes."""
+    if table_format.axes is not None:  # (..., patches, axes) -> (axes, ..., patches), in stream order
+        position_ids = position_ids.movedim(-1, 0)[list(table_format.axes)]
+    elif rope.streams > 1 and (position_ids.ndim == 2 or position_ids.shape[0] == 1):
+        # M-RoPE modules take text positions (batch, seq) for every stream, as they expand them
+        position_ids = position_ids.expand(rope.streams, *position_ids.shape[-2:])
+    cos, sin = rope.cos_sin(position_ids, like=like)
+    cos, sin = cos[(None,) * table_format.lead], sin[(None,) * table_format.lead]
+    return _expand(table_format, cos, sin)
+
+
 def _learn_format(module: torch.nn.Module, name: str, rope: RoPE, layer_type: str | None) -> _Format:
     """The table format of a module, found by matching its own tables at the probe positions."""
-    device = _probe_device(module)
-    length = min(_PROBE_LENGTH, rope.fixed_length or _PROBE_LENGTH)
-    positions = torch.arange(length, device=device)[None]
-    if (
-        rope.streams > 1
-    ):  # M-RoPE: streams that differ, so each pair's stream shows (values stay below length)
-        steps = torch.arange(1, rope.streams + 1, device=device)[:, None, None]
-        positions = positions[None] * steps % length
-    x = torch.zeros((1, length, 1), dtype=torch.float32, device=device)
+    positions = _probe_positions(rope, _probe_device(module))
+    x = torch.zeros((1, positions.shape[-1], 1), dtype=torch.float32, device=positions.device)
     stock = _call_stock(module, x, positions, layer_type)
-    cos, sin = rope.cos_sin(positions, like=x)
     where = f"{name} ({type(module).__name__}{f', layer_type={layer_type!r}' if layer_type else ''})"
     errors = []
     theirs: list[torch.Tensor] = [stock] if isinstance(stock, torch.Tensor) else list(stock)
-    for expand in ("cat", "repeat", "compact", "complex"):
-        made = _expand(_Format(expand, None), cos, sin)
+    for candidate in _candidates(rope):
+        made = _tables(rope, candidate, positions, x)
         ours: list[torch.Tensor] = [made] if isinstance(made, torch.Tensor) else list(made)
         if len(ours) != len(theirs):
             continue
+        lead = theirs[0].ndim - ours[0].ndim
+        if lead > 0 and all(n == 1 for n in theirs[0].shape[:lead]):
+            ours = [table[(None,) * lead] for table in ours]
         pairs = list(zip(ours, theirs, strict=True))
+        label = candidate.expand + (f", axes {candidate.axes}" if candidate.axes else "")
         if any(a.shape != b.shape for a, b in pairs):
-            errors.append(f"{expand}: shape {tuple(pairs[0][0].shape)} != {tuple(pairs[0][1].shape)}")
+            errors.append(f"{label}: shape {tuple(pairs[0][0].shape)} != {tuple(pairs[0][1].shape)}")
             continue
         diff = max(float((a - b.to(a.dtype)).abs().max()) for a, b in pairs)
         if diff <= _PROBE_TOLERANCE:
-            return _Format(expand, _output_dtype(module, positions, layer_type))
-        errors.append(f"{expand}: max difference {diff:.3g}")
+            dtype = _output_dtype(module, positions, layer_type)
+            return _Format(candidate.expand, dtype, candidate.axes, max(lead, 0))
+        errors.append(f"{label}: max difference {diff:.3g}")
     raise ValueError(
         f"the rotary module {where} makes other tables than anyrope's {rope!r} from the same "
         f"config ({'; '.join(errors)}): anyrope would change this model's rotation, so it leaves it "
@@ -197,7 +241,7 @@ def _output_dtype(
     module: torch.nn.Module, positions: torch.Tensor, layer_type: str | None
 ) -> torch.dtype | None:
     """None where the tables follow x's dtype; otherwise the real dtype the module always
-    returns (float32 for complex64 ``freqs_cis``)."""
+    returns (float32 for complex64 ``freqs_cis``, and for most vision towers)."""
     x = torch.zeros((1, positions.shape[-1], 1), dtype=torch.bfloat16, device=positions.device)
     stock = _call_stock(module, x, positions, layer_type)
     table = stock if isinstance(stock, torch.Tensor) else stock[0]
@@ -211,21 +255,18 @@ def _anyrope_forward(patch: _Patch) -> Callable[..., Any]:
             raise ValueError(
                 f"layer_type={layer_type!r} is none of this model's: {sorted(map(str, patch.ropes))}"
             )
-        _check_position_ids(position_ids, rope.streams)
+        _check_position_ids(position_ids, rope)
         dtype = patch.table_format.dtype
         like = x if dtype is None else x.new_zeros((), dtype=dtype)
-        if rope.streams > 1 and (position_ids.ndim == 2 or position_ids.shape[0] == 1):
-            # M-RoPE modules take text positions (batch, seq) for every stream, as they expand them
-            position_ids = position_ids.expand(rope.streams, *position_ids.shape[-2:])
-        cos, sin = rope.cos_sin(position_ids, like=like)
-        return _expand(patch.table_format, cos, sin)
+        return _tables(rope, patch.table_format, position_ids, like)
 
     return forward
 
 
-def _check_position_ids(position_ids: Any, streams: int) -> None:
-    """What transformers' rotary modules take: an integer tensor of shape (batch, seq), or, for
-    M-RoPE, (streams, batch, seq). Checked here, so that an error names ``position_ids``."""
+def _check_position_ids(position_ids: Any, rope: RoPE) -> None:
+    """What transformers' rotary modules take: an integer tensor of shape (batch, seq), for M-RoPE
+    (streams, batch, seq), for vision towers (patches, axes). Checked here, so that an error
+    names ``position_ids``."""
     if position_ids is None:
         raise ValueError("anyrope's rotary modules need position_ids, as transformers' own do")
     if not isinstance(position_ids, torch.Tensor):
@@ -234,6 +275,14 @@ def _check_position_ids(position_ids: Any, streams: int) -> None:
         raise TypeError(
             f"position_ids must be an integer tensor, got dtype {position_ids.dtype}; cast it with .long()"
         )
+    if rope.axial is not None:
+        if position_ids.ndim < 2 or position_ids.shape[-1] != rope.axial:
+            raise ValueError(
+                f"position_ids of a vision tower must have shape (patches, {rope.axial}), one "
+                f"position per axis, got {tuple(position_ids.shape)}"
+            )
+        return
+    streams = rope.streams
     ndims = (2, 3) if streams > 1 else (2,)
     if position_ids.ndim not in ndims or (
         position_ids.ndim == 3 and position_ids.shape[0] not in (1, streams)
@@ -265,10 +314,15 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     model : torch.nn.Module
         A transformers model (a ``PreTrainedModel``, or any module holding its rotary modules).
 
+    Vision towers' rotary modules (``forward(x, position_ids)`` with ``position_ids`` of shape
+    ``(patches, axes)``) are patched the same way, from their vision config. A module whose
+    config anyrope cannot express or read (Kimi-K2.5's and Gemma 4's vision towers, ERNIE
+    4.5-VL's text decoder, ...) is left stock, with a ``UserWarning`` that names it and says why.
+
     Raises
     ------
     ValueError
-        Where the model has no such module, where its config is one anyrope cannot express
+        Where the model has no such module, where anyrope can express none of its modules' configs
         (the error says why), or where a module's own tables differ from anyrope's; nothing is
         patched then.
     """
@@ -285,12 +339,17 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
             "other models call anyrope.RoPE on q and k directly"
         )
     patches: dict[torch.nn.Module, Any] = {}
+    stock: dict[str, str] = {}  # module -> why anyrope leaves it as it is
     for name, module in modules:  # check every module before patching any
         config = _config_of(name, module, model)
-        ropes = {
-            lt: _counterclockwise(RoPE.from_hf_config(config, layer_type=lt))
-            for lt in _layer_types(module, config)
-        }
+        try:
+            ropes = {
+                lt: _counterclockwise(RoPE.from_hf_config(config, layer_type=lt))
+                for lt in _layer_types(module, config)
+            }
+        except ValueError as exc:  # a rotation anyrope cannot express, or a config it cannot read
+            stock[f"{name} ({type(module).__name__})"] = str(exc)
+            continue
         formats = {_learn_format(module, name, rope, lt) for lt, rope in ropes.items()}
         if len(formats) > 1:
             raise ValueError(
@@ -300,6 +359,11 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     for name, module, attribute in tables:
         rope = RoPE.from_hf_config(_config_of(name, module, model))
         patches[module] = _TablePatch(attribute, _patch_table(name, module, attribute, rope))
+    reasons = "; ".join(f"{where}: {why}" for where, why in stock.items())
+    if not patches and not any(is_patched(m) for m in model.modules()):
+        raise ValueError(f"anyrope can patch none of {type(model).__name__}'s rotary modules: {reasons}")
+    for where, why in stock.items():
+        warnings.warn(f"use_anyrope leaves the rotary module {where} stock: {why}", stacklevel=2)
     for module, patch in patches.items():
         if isinstance(patch, _TablePatch):  # swap values, keeping the tensor the model holds
             table = getattr(module, patch.attribute)
