@@ -1,9 +1,13 @@
 """Compile the Triton kernel ahead of time for NVIDIA GPUs (PTX, then ptxas to cubin), as
-``triton.compile`` does on a GPU machine, for each angle mode, dtype and layout it has.
+``triton.compile`` does on a GPU machine, for each angle mode, dtype and layout it has; then
+read its launches as inductor does to learn which tensors they write.
 
 Triton's interpreter runs the kernel's Python on NumPy and misses what only the compiler checks
-(types, globals, what the language allows). Run as a script, without ``TRITON_INTERPRET``:
-``python tests/triton_aot.py`` prints the number of kernels built.
+(types, globals, what the language allows). Inductor, launching the kernel from a compiled
+graph, clones each tensor the kernel writes and takes the clone as the result: a tensor passed
+as two written pointers would be cloned twice and one clone returned unwritten (a lone array
+passes its arguments as the second array's too). Run as a script, without ``TRITON_INTERPRET``:
+``python tests/triton_aot.py`` prints the number of kernels built and the launches read.
 """
 
 from __future__ import annotations
@@ -68,8 +72,61 @@ def main() -> int:
             )
             assert compiled.asm["cubin"], f"no cubin for {dtype}, mode {mode}, sm_{arch}"
             built += 1
-    print(built)
+    print(built, written_once())
     return 0
+
+
+class _Target:
+    """Triton's active driver where there is no GPU: enough for torch to compile the kernel to
+    Triton IR for an H100 and read its stores."""
+
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+
+def written_once() -> int:
+    """Which tensors a launch writes, as inductor reads them (torch's own analysis of the
+    kernel's Triton IR), for one array, one in place and two: each written tensor once."""
+    import torch
+    from torch._higher_order_ops import triton_kernel_wrap as wrap
+
+    recorder = _Recorder()
+    _triton.wrap_triton = recorder  # type: ignore[assignment]
+    steps = torch.zeros(4, 12, dtype=torch.float64, device="meta")
+    angles = _triton.Angles(None, 3, steps, None, None, None, OFFSET, 12, _triton.HALF)
+    q, k = torch.empty(2, 4, 5, 32, device="meta"), torch.empty(2, 2, 5, 32, device="meta")
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _triton._run([(q, q_out, -2)], angles)
+    _triton._run([(q, q, -2)], angles)
+    _triton._run([(q, q_out, -2), (k, k_out, -2)], angles)
+    triton.runtime.driver.set_active(_Target())
+    wanted = [{"out_ptr"}, {"out_ptr"}, {"out_ptr", "y_out_ptr"}]
+    for launch, names in zip(recorder.launches, wanted, strict=True):
+        kernel = wrap.kernel_side_table.add_kernel(_triton._rotate_kernel)
+        constants = wrap.kernel_side_table.add_constant_args({})
+        written = wrap.get_mutated_tensors(kernel, constants, launch, {})
+        assert set(written) == names, (written, names)
+        assert len({id(launch[name]) for name in written}) == len(written), written
+    return len(recorder.launches)
+
+
+class _Recorder:
+    """Stands in for torch's ``wrap_triton``: ``kernel[grid](...)`` keeps the launch's arguments by name."""
+
+    def __init__(self) -> None:
+        self.launches: list[dict[str, object]] = []
+
+    def __call__(self, kernel: object) -> _Recorder:
+        return self
+
+    def __getitem__(self, grid: object) -> object:
+        return self.record
+
+    def record(self, *args: object, **kwargs: object) -> None:
+        self.launches.append(dict(zip(_triton._rotate_kernel.arg_names, args, strict=False)) | kwargs)
 
 
 if __name__ == "__main__":
