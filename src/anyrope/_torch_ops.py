@@ -16,15 +16,21 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ._handle import Handle
 
-__all__ = ["dynamo_traces", "keep_tables", "real_tensors"]
+__all__ = ["dynamo_static_by_default", "dynamo_traces", "keep_tables", "real_tensors"]
 
 
 def dynamo_traces() -> bool:
     return bool(torch.compiler.is_dynamo_compiling())
 
 
+def dynamo_static_by_default() -> bool:
+    """False under ``torch.compile(dynamic=True)``, which gives even a fetched constant symbolic
+    sizes, and dynamo (torch 2.13) then cannot read its shape."""
+    return bool(torch._dynamo.config.assume_static_by_default)
+
+
 # dynamo runs a Handle's fetch as plain Python and takes its result as a constant (see ._handle)
-torch.compiler.assume_constant_result(Handle.fetch)  # type: ignore[no-untyped-call]
+torch.compiler.assume_constant_result(Handle.fetch)  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def real_tensors() -> contextlib.AbstractContextManager[Any]:
