@@ -6,6 +6,7 @@ form, and decoding with an int offset compiles at most twice. JAX: ``vmap`` and 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -279,6 +280,38 @@ def test_compiled_calls_form_their_tables_once(torch: Any, rope_name: str) -> No
         compiled = torch.compile(lambda q, k, p: rope(q, k, positions=p), fullgraph=True)(q, k, positions)
         for got, want in zip(compiled, rope(q, k, positions=positions), strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_compiled_calls_at_an_int_offset_read_the_kept_tables(torch: Any) -> None:
+    """At an int offset, a compiled call reads rows of the prefix table eager calls keep, fetched
+    while dynamo traces, and forms no angles (no cos or sin in its graph); past the rows fetched,
+    or under ``dynamic=True``, it forms its own. Every form equals the eager call bit for bit."""
+    from anyrope._tables import TRACED_ROWS
+
+    rope = anyrope.RoPE(16, layout="interleaved")
+    q, k = torch.randn(2, 4, 6, 16), torch.randn(2, 1, 6, 16)
+
+    def formed(ops: list[str]) -> bool:  # torch.cos, Tensor.cos, aten.cos... in the graph
+        return any(re.search(r"\b(cos|sin)\b", op) for op in ops)
+
+    with anyrope.use_fast_paths(False):  # the generic path: on CUDA the Triton kernel forms no tables
+        for offset, forms in ((0, False), (1000, False), (TRACED_ROWS - 6, False), (TRACED_ROWS - 5, True)):
+            assert formed(_graph_ops(torch, lambda q, k, n=offset: rope(q, k, offset=n), q, k)) == forms, (
+                offset
+            )
+            torch._dynamo.reset()
+            got = torch.compile(lambda q, k, n=offset: rope(q, k, offset=n), fullgraph=True)(q, k)
+            for got_x, want in zip(got, rope(q, k, offset=offset), strict=True):
+                torch.testing.assert_close(got_x, want, rtol=0, atol=0)
+        torch._dynamo.reset()
+        dynamic = torch.compile(lambda q, k, n: rope(q, k, offset=n), fullgraph=True, dynamic=True)
+        for n, length in ((0, 6), (77, 3)):
+            for got_x, want in zip(
+                dynamic(q[:, :, :length], k[:, :, :length], n),
+                rope(q[:, :, :length], k[:, :, :length], offset=n),
+                strict=True,
+            ):
+                torch.testing.assert_close(got_x, want, rtol=0, atol=0)
 
 
 def test_exported_programs_keep_to_standard_operators(torch: Any) -> None:

@@ -75,6 +75,21 @@ class Spectrum:
             long = None if scaling.continuous else self._compute(threshold + 1)
             self.switch = LengthSwitch(threshold, self.original, long)
 
+    def name_of(self, freqs: PairFrequencies) -> str | None:
+        """Which of the frequencies made with this spectrum ``freqs`` is, by name (a constant
+        to a tracer, where the object may not be: see :mod:`._handle`), or None for those of a
+        length met during a call."""
+        for name in ("static", "original"):
+            if freqs is getattr(self, name):
+                return name
+        return "long" if self.switch is not None and freqs is self.switch.long else None
+
+    def named(self, name: str) -> PairFrequencies:
+        """The frequencies :meth:`name_of` names ``name``."""
+        found = self.switch.long if name == "long" and self.switch is not None else getattr(self, name)
+        assert isinstance(found, PairFrequencies)
+        return found
+
     @property
     def length_dependent(self) -> bool:
         return self.scaling.length_dependent and self.fixed is None

@@ -84,20 +84,10 @@ def device_steps(ctx: CallContext, rotary: Rotary, freqs: PairFrequencies, *, mu
     if ctx.traced and is_library(xp, "torch"):
         from ._torch_ops import dynamo_traces  # imports torch: the array came from it
 
-        which = _made_with(rotary, freqs)
+        which = rotary.spectrum.name_of(freqs)
         if which is not None and dynamo_traces():
             return rotary.handle.fetch(_kept_steps, device, which, multi)
     return _device_steps(xp, ctx.env, rotary, freqs, multi, ctx.traced)
-
-
-def _made_with(rotary: Rotary, freqs: PairFrequencies) -> str | None:
-    """Which of the frequencies made with the rotary these are, by name (a constant to dynamo),
-    or None for those of a length found during the call."""
-    spectrum = rotary.spectrum
-    for name in ("static", "original"):
-        if freqs is getattr(spectrum, name):
-            return name
-    return "long" if spectrum.switch is not None and freqs is spectrum.switch.long else None
 
 
 def _kept_steps(rotary: Rotary, device: Any, which: str, multi: bool) -> tuple[Any, Any]:
@@ -106,11 +96,8 @@ def _kept_steps(rotary: Rotary, device: Any, which: str, multi: bool) -> tuple[A
 
     from ._torch_ops import real_tensors
 
-    spectrum = rotary.spectrum
-    freqs = spectrum.switch.long if which == "long" and spectrum.switch else getattr(spectrum, which)
-    assert isinstance(freqs, PairFrequencies)
     with real_tensors():
-        return _device_steps(xp, environment(xp, device), rotary, freqs, multi, False)
+        return _device_steps(xp, environment(xp, device), rotary, rotary.spectrum.named(which), multi, False)
 
 
 def _device_steps(

@@ -16,7 +16,7 @@ from typing import Any
 
 from ._angles import cos_sin, cos_sin_of_angles
 from ._cache import table_cache, untracked
-from ._compat import float64_scope, keep_tables, materialize, take_rows
+from ._compat import Environment, environment, float64_scope, is_library, keep_tables, materialize, take_rows
 from ._context import CallContext
 from ._frequencies import LengthSwitch, PairFrequencies
 from ._kernel_angles import OFFSET, POSITIONS, STARTS, TABLES, KernelAngles, device_steps
@@ -35,27 +35,50 @@ def scaled(tables: tuple[Any, Any], scale: float) -> tuple[Any, Any]:
 
 
 def prefix_tables(
-    rotary: Rotary, ctx: CallContext, freqs: PairFrequencies, length: int, dtype: Any
+    rotary: Rotary, xp: Any, env: Environment, freqs: PairFrequencies, length: int, dtype: Any
 ) -> tuple[Any, Any] | None:
     """Cached tables for positions 0 .. length - 1 or more, or None where none are kept."""
     if not rotary.spectrum.cacheable(freqs):
         return None  # DynamicNTK past the original length: new frequencies at every length
-    key = (freqs, ctx.env, dtype)  # env: one object per library and device
+    key = (freqs, env, dtype)  # env: one object per library and device
     found = table_cache.covering(key, length)
     if found is not None:
         return found
-    xp = ctx.xp
 
     def build(n: int) -> tuple[Any, Any]:
         with untracked(xp):
-            positions = Offset(0).positions(xp, ctx.env, n)
-            tables = cos_sin(xp, ctx.env, positions, freqs.inv_freq, dtype=dtype)
+            positions = Offset(0).positions(xp, env, n)
+            tables = cos_sin(xp, env, positions, freqs.inv_freq, dtype=dtype)
             cos, sin = scaled(tables, freqs.scale)
         materialize(xp, cos, sin)  # the cache shares them across threads
         return cos, sin
 
     row_bytes = rotary.rotary_dim * (8 if dtype == getattr(xp, "float64", None) else 4)
     return table_cache.prefix(key, length, build, row_bytes=row_bytes, hint=rotary.max_position or 0)
+
+
+#: Positions in the prefix table a traced call reads (see PositionTables._traced_rows): 8192
+#: positions of 64 pairs take 4 MiB in float32.
+TRACED_ROWS = 8192
+
+
+def _traced_length(rotary: Rotary) -> int:
+    """How many positions the prefix table a traced call reads covers at least (dynamo cannot
+    read a fetched tensor's shape under ``dynamic=True``)."""
+    return min(rotary.max_position or TRACED_ROWS, TRACED_ROWS)
+
+
+def _kept_prefix(rotary: Rotary, device: Any, dtype: Any, which: str, part: int) -> Any:
+    """The cos (``part`` 0) or sin (1) prefix table of a traced call's frequencies, as eager calls
+    keep it (the same entry), or None where the cache keeps none that long."""
+    from array_api_compat import torch as xp
+
+    from ._torch_ops import real_tensors
+
+    rows = _traced_length(rotary)
+    with real_tensors():
+        found = prefix_tables(rotary, xp, environment(xp, device), rotary.spectrum.named(which), rows, dtype)
+    return None if found is None else found[part]
 
 
 class PositionTables:
@@ -82,11 +105,41 @@ class PositionTables:
         for made_seq, made_dtype, made in self._made:  # q and k of one length share them
             if made_dtype == dtype and made_seq == seq:
                 return made
-        found = self._tables(seq, dtype)
-        if self.ctx.traced:  # formed once, not again in the loop over each array's heads
-            found = keep_tables(self.ctx.xp, *found)
+        found = self._traced_rows(seq, dtype) if self.ctx.traced else None
+        if found is None:
+            found = self._tables(seq, dtype)
+            if self.ctx.traced:  # formed once, not again in the loop over each array's heads
+                found = keep_tables(self.ctx.xp, *found)
         self._made.append((seq, dtype, found))
         return found
+
+    def _traced_rows(self, seq: int, dtype: Any) -> tuple[Any, Any] | None:
+        """While dynamo traces a call at an int offset: its rows of the cached prefix table,
+        fetched as plain Python through the rotary's handle (see :mod:`._handle`), so they enter
+        the graph as inputs. Tables formed in the graph cost the cos and sin of every position
+        on every call: on a CPU about 1 ms per 1024 positions and core, several times a copy of
+        q and k. The table holds :data:`TRACED_ROWS` positions (fewer where the RoPE's
+        ``max_position`` says so); a call past them forms its own (a guard on its traced length)."""
+        ctx, spec, freqs = self.ctx, self.spec, self.freqs
+        if not (is_library(ctx.xp, "torch") and self.plain and isinstance(spec, Offset)):
+            return None
+        which = self.rotary.spectrum.name_of(freqs) if isinstance(freqs, PairFrequencies) else None
+        if which is None:
+            return None
+        from ._torch_ops import (
+            dynamo_static_by_default,
+            dynamo_traces,
+        )  # imports torch: the array came from it
+
+        if not dynamo_traces() or not dynamo_static_by_default():
+            return None
+        # cos and sin fetched apart: dynamo cannot index a tuple of fetched tensors (dynamic=True)
+        cos = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 0)
+        sin = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 1)
+        start = spec.start
+        if cos is None or start < 0 or start + seq > _traced_length(self.rotary):
+            return None
+        return cos[start : start + seq, ...], sin[start : start + seq, ...]
 
     def _tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
         if not isinstance(self.freqs, LengthSwitch):
@@ -160,7 +213,7 @@ class PositionTables:
         host = self.host if seq == self.seq else self.spec.host_range(seq)
         if host is None or host[0] < 0:
             return None
-        return prefix_tables(self.rotary, self.ctx, freqs, host[1] + 1, dtype)
+        return prefix_tables(self.rotary, self.ctx.xp, self.ctx.env, freqs, host[1] + 1, dtype)
 
     def _static(self, freqs: PairFrequencies, seq: int, dtype: Any) -> tuple[Any, Any]:
         ctx, xp, spec = self.ctx, self.ctx.xp, self.spec
