@@ -131,9 +131,9 @@ def tests_lowest(session: nox.Session) -> None:
 
 # The peers' own packages, plus torch and mlx exactly as their backends/ folders install them
 # (torch pinned there); mlx's tests skip, saying why, where it does not install. transformers is
-# pinned: anyrope._families records its 5.23 modeling code, and tests/peers checks every family.
+# pinned: anyrope._families records its 5.24 modeling code, and tests/peers checks every family.
 PEERS = [
-    "transformers==5.23.0",
+    "transformers==5.24.0",
     "rotary-embedding-torch>=0.9",
     # pinned: its set of rope classes changes between versions; it needs Python 3.11 and, on
     # Linux, the mlx[cpu] that backends/mlx installs

@@ -98,6 +98,30 @@ def mrope_rotate(x: np.ndarray, positions: np.ndarray, streams: np.ndarray, **kw
     return out
 
 
+def stream_map_rotate(
+    x: np.ndarray,
+    positions: np.ndarray,
+    streams: np.ndarray,
+    frequencies: np.ndarray,
+    *,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+    base: float = 10000.0,
+) -> np.ndarray:
+    """Any stream map: pair j turns by ``positions[streams[j]] * theta[frequencies[j]]``, theta
+    the plain spectrum of ``rotary_dim``. Rotates each stream's pairs with that stream's positions."""
+    x = np.asarray(x, dtype=np.float64)
+    r = rotary_dim or x.shape[-1]
+    theta = inv_freq(r, base)[np.asarray(frequencies)]
+    out = np.array(rotate(x, positions[0], layout=layout, rotary_dim=r, frequencies=theta))
+    a_idx, b_idx = pairs(r, layout)
+    for s in range(1, positions.shape[0]):
+        moved = rotate(x, positions[s], layout=layout, rotary_dim=r, frequencies=theta)
+        mine = np.concatenate([a_idx[streams == s], b_idx[streams == s]])
+        out[..., mine] = moved[..., mine]
+    return out
+
+
 def axial_rotate(
     x: np.ndarray,
     positions: np.ndarray,

@@ -3,6 +3,7 @@ itself in tests/peers)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -342,7 +343,23 @@ def test_multi_axis_configs(config: dict[str, Any], section: tuple[int, ...], in
         ),
         (
             {"model_type": "ernie4_5_vl_moe_text", "hidden_size": 256, "num_attention_heads": 4},
-            "alternate between the height and width",
+            r"mrope_section=\[22, 22, 20\] must give height and width the same number of pairs .* the 32 pairs",
+        ),
+        (
+            {
+                "model_type": "ernie4_5_vl_moe_text",
+                "head_dim": 64,
+                "rope_parameters": {"mrope_section": [12, 10, 10]},
+            },
+            "must give height and width the same number of pairs",
+        ),
+        (
+            {
+                "model_type": "ernie4_5_vl_moe_text",
+                "head_dim": 64,
+                "rope_parameters": {"mrope_section": [16, 16]},
+            },
+            r"3 non-negative ints: \[height, width, time\]",
         ),
         ({"model_type": "hunyuan_vl_text", "head_dim": 128}, "different position streams"),
     ],
@@ -352,11 +369,80 @@ def test_multi_axis_configs_anyrope_refuses(config: dict[str, Any], match: str) 
         anyrope.RoPE.from_hf_config(config)
 
 
-def test_families_anyrope_cannot_express_say_why() -> None:
-    with pytest.raises(ValueError, match="'deepseek_v4' models yet: rotates the values too"):
-        anyrope.RoPE.from_hf_config({"model_type": "deepseek_v4", "head_dim": 64})
-    with pytest.raises(ValueError, match="learned scale"):
-        anyrope.RoPE.from_hf_config({"model_type": "mistral_large4_text", "qk_rope_head_dim": 64})
+def test_ernie_alternates_height_and_width_then_time() -> None:
+    """ERNIE 4.5-VL: mrope_section is [height, width, time]; pairs 0, 2, ... below height + width
+    follow height (stream 1), the odd ones width (stream 2), the rest time, each at its own
+    frequency (the peers session checks the tables against the family's rotary module)."""
+    rope = anyrope.RoPE.from_hf_config(
+        {
+            "model_type": "ernie4_5_vl_moe_text",
+            "head_dim": 32,
+            "rope_parameters": {"mrope_section": [5, 5, 6]},
+        }
+    )
+    assert rope.pair_streams == (1, 2) * 5 + (0,) * 6
+    assert rope.pair_frequencies == tuple(range(16))
+    assert (rope.layout, rope.base, rope.streams) == ("interleaved", 500000.0, 3)
+    default = anyrope.RoPE.from_hf_config({"model_type": "ernie4_5_vl_moe_text", "head_dim": 128})
+    assert default.pair_streams == (1, 2) * 22 + (0,) * 20
+
+
+DEEPSEEK_V4 = {
+    "model_type": "deepseek_v4",
+    "qk_rope_head_dim": 64,
+    "num_hidden_layers": 3,
+    "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+    "rope_parameters": {
+        "main": {"rope_type": "default", "rope_theta": 10000.0},
+        "compress": {
+            "rope_type": "yarn", "rope_theta": 160000.0, "factor": 16.0,
+            "original_max_position_embeddings": 65536, "attention_factor": 1.0,
+        },
+    },
+}  # fmt: skip
+
+
+def test_deepseek_v4_layers_read_their_rope_labels() -> None:
+    """Sliding layers take the "main" parameters, compressed ones "compress" (the model rotates
+    values and turns outputs back with the same tables: rope(o, ..., inverse=True))."""
+    main = anyrope.RoPE.from_hf_config(DEEPSEEK_V4, layer_type="main")
+    compress = anyrope.RoPE.from_hf_config(DEEPSEEK_V4, layer_type="compress")
+    assert (main.head_dim, main.layout, main.base, main.scaling) == (64, "interleaved", 10000.0, None)
+    assert (compress.base, type(compress.scaling).__name__, compress.attention_scaling) == (
+        160000.0,
+        "YaRN",
+        1.0,
+    )
+    layers = anyrope.RoPE.layers_from_hf_config(DEEPSEEK_V4)
+    assert [rope.inv_freq if rope else None for rope in layers] == [main.inv_freq] + [compress.inv_freq] * 2
+    assert anyrope.RoPE.from_hf_config(DEEPSEEK_V4, layer_type="sliding_attention").inv_freq == main.inv_freq
+
+
+def test_clvp_rotates_its_own_width() -> None:
+    """ClvpRotaryPositionalEmbedding: max(projection_dim // (2 * heads), 32) features of the head."""
+    config = {
+        "model_type": "clvp_encoder",
+        "hidden_size": 768,
+        "num_attention_heads": 12,
+        "projection_dim": 768,
+    }
+    rope = anyrope.RoPE.from_hf_config(config)
+    assert (rope.head_dim, rope.rotary_dim, rope.layout, rope.base) == (64, 32, "half", 10000.0)
+    wide = anyrope.RoPE.from_hf_config({**config, "projection_dim": 1536})
+    assert wide.rotary_dim == 64
+    with pytest.raises(ValueError, match=r"give 128 rotated features.*at most head_dim=64"):
+        anyrope.RoPE.from_hf_config({**config, "projection_dim": 3072})
+
+
+def test_mistral_large4_scale_comes_from_the_checkpoint() -> None:
+    """The config does not hold exp(alpha): from_hf_config gives the rotation without it, and
+    with_frequency_scale adds the checkpoint's (use_anyrope reads it from the rotary module)."""
+    rope = anyrope.RoPE.from_hf_config({"model_type": "mistral_large4_text", "qk_rope_head_dim": 8})
+    assert rope.frequency_scale is None
+    assert rope.layout == "interleaved"
+    alpha = (0.1, -0.2, 0.0, 0.3)
+    scaled = rope.with_frequency_scale([math.exp(a) for a in alpha])
+    assert scaled.inv_freq == tuple(f * math.exp(a) for f, a in zip(rope.inv_freq, alpha, strict=True))
 
 
 def test_nanochat_turns_clockwise() -> None:
@@ -648,3 +734,91 @@ def test_rotary_value_is_refused() -> None:
     config = {"model_type": "roformer", "hidden_size": 256, "num_attention_heads": 4, "rotary_value": True}
     with pytest.raises(ValueError, match="rotary_value=True"):
         anyrope.RoPE.from_hf_config(config)
+
+
+def test_transformers_5_24_families_from_saved_configs() -> None:
+    """What a config.json of each new 5.24 family leaves out is read as its config class fills it."""
+    # HY-V4-VL: interleaved pairs of the qk_rope_head_dim slice, Qwen3-VL-style interleaved sections
+    hy = anyrope.RoPE.from_hf_config({"model_type": "hy_v4_vl_text", "head_dim": 256, "qk_rope_head_dim": 64})
+    assert (hy.layout, hy.rotary_dim, hy.mrope_section) == ("interleaved", 64, (12, 10, 10))
+    assert hy.pair_streams[:6] == (0, 1, 2, 0, 1, 2)
+    assert hy.pair_streams[-2:] == (0, 0)
+    # Sarvam-MLA: rope_interleave defaults to true; the remote code's "deepseek_yarn" is YaRN
+    sarvam = {
+        "model_type": "sarvam_mla",
+        "head_dim": 576,
+        "qk_rope_head_dim": 64,
+        "max_position_embeddings": 4096,
+    }
+    assert anyrope.RoPE.from_hf_config(sarvam).layout == "interleaved"
+    assert anyrope.RoPE.from_hf_config({**sarvam, "rope_interleave": False}).layout == "half"
+    legacy = {
+        **sarvam,
+        "rope_scaling": {"type": "deepseek_yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+    }
+    assert anyrope.RoPE.from_hf_config(legacy).scaling == sc.YaRN(4.0, 1024)
+    with pytest.raises(ValueError, match="'deepseek_yarn' is not supported"):
+        anyrope.RoPE.from_hf_config({**legacy, "model_type": "deepseek_v3"})
+    # default thetas: Sarvam-MoE 8e6, EXAONE 3 5e5 (its num_layers is num_hidden_layers), Apertus 1.5 1.2e7
+    moe = anyrope.RoPE.from_hf_config(
+        {"model_type": "sarvam_moe", "head_dim": 64, "partial_rotary_factor": 0.5}
+    )
+    assert (moe.base, moe.rotary_dim) == (8e6, 32)
+    exaone = {"model_type": "exaone", "hidden_size": 4096, "num_attention_heads": 32, "num_layers": 3}
+    assert [r.base for r in anyrope.RoPE.layers_from_hf_config(exaone)] == [5e5] * 3  # type: ignore[union-attr]
+    assert anyrope.RoPE.from_hf_config({"model_type": "apertus1p5_text", "head_dim": 128}).base == 1.2e7
+    # LARA-mini: only the sliding-attention layers rotate (its full-attention layers are NoPE)
+    lara = {
+        "model_type": "lara_mini", "head_dim": 128, "num_hidden_layers": 5,
+        "layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"],
+    }  # fmt: skip
+    rotating = [r is not None for r in anyrope.RoPE.layers_from_hf_config(lara)]
+    assert rotating == [False, True, False, False, True]
+
+
+def test_dory_saved_configs_list_mlp_blocks() -> None:
+    thetas = {"sliding_attention": {"rope_theta": 1e4}, "full_attention": {"rope_theta": 1e7}}
+    layers = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    saved = {
+        "model_type": "dory", "head_dim": 256, "num_hidden_layers": 8, "rope_parameters": thetas,
+        "layer_types": [block for kind in layers for block in (kind, "mlp")],
+    }  # fmt: skip
+    assert [r.base for r in anyrope.RoPE.layers_from_hf_config(saved)] == [1e4, 1e4, 1e4, 1e7]  # type: ignore[union-attr]
+    assert anyrope.RoPE.from_hf_config(saved, layer=3).base == 1e7
+    with pytest.raises(ValueError, match="layer=4 is out of range: this config has 4 layers"):
+        anyrope.RoPE.from_hf_config(saved, layer=4)
+    unpaired = {**saved, "layer_types": ["sliding_attention", "mlp", "mlp", "full_attention"]}
+    with pytest.raises(ValueError, match="one after every layer"):
+        anyrope.RoPE.layers_from_hf_config(unpaired)
+    with pytest.raises(ValueError, match="needs rope_theta"):  # its default theta differs by layer type
+        anyrope.RoPE.from_hf_config({"model_type": "dory", "head_dim": 256})
+
+
+def test_an_unknown_family_is_read_the_llama_way_with_a_warning() -> None:
+    config = {
+        "model_type": "some_new_lm",
+        "head_dim": 64,
+        "partial_rotary_factor": 0.5,
+        "num_hidden_layers": 2,
+    }
+    with pytest.warns(
+        UserWarning, match=r"model_type='some_new_lm'.*layout='half'.*rotary_dim=32 of head_dim=64"
+    ):
+        rope = anyrope.RoPE.from_hf_config(config)
+    assert (rope.layout, rope.rotary_dim) == ("half", 32)
+    with pytest.warns(
+        UserWarning, match=r"layout='interleaved'.*M-RoPE sections \[6, 5, 5\] \(interleaved\)"
+    ):
+        anyrope.RoPE.from_hf_config(
+            {
+                **config,
+                "rope_interleave": True,
+                "rope_parameters": {"mrope_section": [6, 5, 5], "mrope_interleaved": True},
+            }
+        )
+    with pytest.warns(UserWarning, match="pin the pairing"):
+        assert len(anyrope.RoPE.layers_from_hf_config(config)) == 2
+    # pinned, or without a model_type (a hand-written config): no warning (warnings are errors here)
+    assert anyrope.RoPE.from_hf_config(config, layout="interleaved").layout == "interleaved"
+    del config["model_type"]
+    assert anyrope.RoPE.from_hf_config(config).layout == "half"

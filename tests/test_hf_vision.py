@@ -113,7 +113,20 @@ def test_every_supported_record_reads() -> None:
             **({family.divisor_key: 1} if family.divisor_key else {}),
         }
         rope = _read(config)
-        assert (rope.head_dim, rope.axial) == (96, family.axes), family.model_type
+        assert (rope.head_dim, rope.streams) == (96, family.axes), family.model_type
+
+
+def test_kimi_k25_pairs_take_the_axes_in_turn() -> None:
+    """Kimi-K2.5: the spectrum of half the head for each axis (as "blocks"), but pair j on axis
+    j % 2; the peers session checks it against the module, which lists the column first."""
+    rope = _read({"model_type": "kimi_k25_vision", "hidden_size": 64, "num_attention_heads": 4})
+    assert rope.pair_streams == (0, 1) * 4
+    assert rope.pair_frequencies == (0, 0, 2, 2, 4, 4, 6, 6)
+    positions = np.array([[3, 0, 7], [5, 2, 1]])
+    cos, _ = rope.cos_sin(positions, like=np.zeros((), dtype=np.float64))
+    half = 10000.0 ** (-np.arange(0, 8, 2) / 8)  # the spectrum of 8 features
+    expected = np.stack([positions[0, :, None] * half, positions[1, :, None] * half], axis=-1).reshape(3, 8)
+    np.testing.assert_allclose(cos, np.cos(expected), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -100,5 +100,5 @@ def test_refusals() -> None:
         rope.cos_sin(np.arange(2), like=x)
     with pytest.raises(ValueError, match="xpos_scale_base=0 must be a positive finite number"):
         anyrope.RoPE(16, xpos_scale_base=0)
-    with pytest.raises(ValueError, match="does not combine with mrope_section or axial"):
+    with pytest.raises(ValueError, match="does not combine with mrope_section, axial or pair_streams"):
         anyrope.RoPE(16, xpos_scale_base=512.0, mrope_section=[4, 2, 2])

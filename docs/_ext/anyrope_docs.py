@@ -134,6 +134,7 @@ _WIDTH = {
     "partial": "`partial_rotary_factor`",
     "rotary_dim": "`rotary_dim`",
     "mla": "`qk_rope_head_dim` slice",
+    "clvp": "`max(projection_dim // (2 * heads), 32)`",
 }
 _NOPE = {
     "sliding_only": "only sliding-attention layers rotate",
@@ -204,12 +205,19 @@ def family_table() -> str:
                 if f.global_head_dim
                 else "",
                 f"NoPE: {_NOPE[f.nope]}" if f.nope else "",
+                'saved `layer_types` list an "mlp" block after each layer' if f.mlp_blocks else "",
+                f"layer types read parameters {', '.join(f'`{k}`' for k in sorted(set(f.rope_keys.values())))}"
+                if f.rope_keys
+                else "",
             )
             if part
         )
         kind = f.scope.replace("_", " ")
         rope_types = _ROPE_TYPES[f.rope_types] + (", HunYuan's NTK alpha" if f.ntk_alpha else "")
         rope_types += ", LongRoPE with `short_mscale`/`long_mscale`" if f.mscales else ""
+        rope_types += "".join(f", `{old}` read as `{new}`" for old, new in f.rope_type_aliases.items())
+        if f.log_frequency_scale:  # a checkpoint weight: use_anyrope reads it, from_hf_config cannot
+            rope_types += f", frequencies times `exp({f.log_frequency_scale})` of the checkpoint"
         checked = "-" if status(f) != "supported" else (f"no: {f.not_in_model}" if f.not_in_model else "yes")
         lines.append(
             f"| `{f.model_type}` | {kind} | {pairing} | {_WIDTH[f.width]} | {rope_types} | {layers or '-'} "

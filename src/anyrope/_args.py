@@ -13,7 +13,15 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["check_bool", "check_int", "check_number", "check_numbers", "check_positive", "shown"]
+__all__ = [
+    "check_bool",
+    "check_float_vector",
+    "check_int",
+    "check_number",
+    "check_numbers",
+    "check_positive",
+    "shown",
+]
 
 
 def check_int(
@@ -121,6 +129,21 @@ def check_numbers(value: Any, arg: str, *, length: int | None = None, why: str =
     if length is not None and len(checked) != length:
         raise ValueError(f"{arg} has {len(checked)} entries; it needs {length}, one per pair{why}")
     return tuple(checked)
+
+
+def check_float_vector(value: Any, arg: str, *, length: int, why: str = "") -> tuple[float, ...]:
+    """:func:`check_numbers` for a sequence, or for a 1-D array of real floating dtype of any
+    library (a checkpoint's weight: NumPy, a torch tensor on any device, ...), read once here.
+    Integer, bool and complex arrays are refused: such a weight is not a frequency scale."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and hasattr(value, "shape"):
+        kind = str(dtype).rsplit(".", 1)[-1]  # float32 from torch.float32, mlx.core.float32, NumPy's
+        if not kind.startswith(("float", "bfloat")):
+            raise TypeError(f"{arg} must have a real floating dtype, not {kind}{why}")
+        if len(value.shape) != 1:
+            raise ValueError(f"{arg} must be 1-D, one entry per pair, not of shape {tuple(value.shape)}{why}")
+        value = value.tolist()  # Python floats (a tensor that requires grad too: its values now)
+    return check_numbers(value, arg, length=length, why=why)
 
 
 def check_bool(value: Any, arg: str, *, why: str = "") -> bool:

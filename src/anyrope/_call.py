@@ -98,22 +98,46 @@ def _arrays_given(positions: Any, offset: Any) -> list[tuple[str, Any]]:
 
 
 def rope_call(
-    rotary: Rotary, q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inplace: bool
+    rotary: Rotary,
+    q: Any,
+    k: Any,
+    positions: Any,
+    offset: Any,
+    seq_axis: Any,
+    inplace: bool,
+    inverse: bool = False,
 ) -> Any:
-    """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=...)``."""
+    """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=..., inverse=...)``."""
+    if not isinstance(inverse, bool):
+        raise TypeError(
+            f"inverse must be True (turn by minus the angles, undoing a rotation) or False, not {inverse!r}"
+        )
+    if inverse and rotary.xpos_scale_base is not None:
+        raise ValueError(
+            "inverse=True does not combine with xPos: its decay scales q and k, which turning back "
+            "does not undo; use a RoPE without xpos_scale_base"
+        )
     if type(q).__name__ == "ArrayImpl" and _jax_compiles(q, k, positions, offset, seq_axis, inplace):
         # Offset 0 (the default, and every prefill) stays a Python int, known while traced: the
         # digit tables then cover only the positions of this length. Other ints are traced, so
         # decode steps share one program.
         start = None if positions is not None or (type(offset) is int and offset == 0) else offset
-        return _jax_compiled(rotary, seq_axis)(q, k, positions, start)
+        return _jax_compiled(rotary, seq_axis, inverse)(q, k, positions, start)
     arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
     plan = call_plan(
         arrays, _arrays_given(positions, offset), seq_axis=seq_axis, layout=rotary.layout, inplace=inplace,
         head_dim=rotary.head_dim,
     )  # fmt: skip
     ctx = plan.ctx
-    spec = position_spec(ctx.xp, ctx.env, positions, offset, traced=ctx.traced, streams=rotary.streams)
+    spec = position_spec(
+        ctx.xp,
+        ctx.env,
+        positions,
+        offset,
+        traced=ctx.traced,
+        streams=rotary.streams,
+        per_axis=rotary.per_axis,
+    )
     for (_, x), (arg, axis, _, _) in zip(arrays, plan.arrays, strict=True):
         spec.check(x, arg, axis)
     if inplace:
@@ -125,7 +149,7 @@ def rope_call(
         if k is None:
             raise ValueError("an xPos RoPE scales q and k oppositely: call rope(q, k) with both")
         sources = [XPosTables(source, 1.0), XPosTables(source, -1.0)]
-    # clockwise: turning by -angle is the inverse rotation
+    # clockwise turns by -angle, as inverse does: both together turn by +angle
     jobs = [
         make_job(
             ctx,
@@ -133,7 +157,7 @@ def rope_call(
             arg=arg,
             seq_axis=axis,
             layout=rotary.layout,
-            inverse=rotary.clockwise,
+            inverse=rotary.clockwise is not inverse,
             out=x if inplace else None,
             source=array_source,
             compute=compute,
@@ -167,10 +191,10 @@ def _jax_compiles(q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, in
 
 # Per RoPE, its jitted calls: weakly keyed, and each holds only a weak reference back, so a RoPE
 # keeps no function that pickling or deep-copying it would meet.
-_jax_calls: weakref.WeakKeyDictionary[Rotary, dict[int, Any]] = weakref.WeakKeyDictionary()
+_jax_calls: weakref.WeakKeyDictionary[Rotary, dict[tuple[int, bool], Any]] = weakref.WeakKeyDictionary()
 
 
-def _jax_compiled(rotary: Rotary, seq_axis: int) -> Any:
+def _jax_compiled(rotary: Rotary, seq_axis: int, inverse: bool) -> Any:
     """``rope_call`` with these static arguments as one ``jax.jit`` function, made once.
 
     Eager JAX dispatches each operation on its own: a decode step cost ten times the jitted call.
@@ -179,7 +203,7 @@ def _jax_compiled(rotary: Rotary, seq_axis: int) -> Any:
     calls = _jax_calls.get(rotary)
     if calls is None:
         calls = _jax_calls.setdefault(rotary, {})
-    found = calls.get(seq_axis)
+    found = calls.get((seq_axis, inverse))
     if found is None:
         import jax
 
@@ -187,9 +211,9 @@ def _jax_compiled(rotary: Rotary, seq_axis: int) -> Any:
 
         def call(q: Any, k: Any, positions: Any, offset: Any) -> Any:
             start = 0 if offset is None else offset
-            return rope_call(held(), q, k, positions, start, seq_axis, False)  # type: ignore[arg-type]
+            return rope_call(held(), q, k, positions, start, seq_axis, False, inverse)  # type: ignore[arg-type]
 
-        found = calls[seq_axis] = jax.jit(call)
+        found = calls[seq_axis, inverse] = jax.jit(call)
     return found
 
 
@@ -293,7 +317,16 @@ def cos_sin(rotary: Rotary, positions: Any, like: Any) -> tuple[Any, Any]:
     xp = ctx.xp
     if not isdtype(xp, like.dtype, "real floating"):
         raise TypeError(f"like must be a real floating-point array, got dtype {like.dtype}")
-    spec = position_spec(xp, ctx.env, positions, 0, ndims=None, traced=ctx.traced, streams=rotary.streams)
+    spec = position_spec(
+        xp,
+        ctx.env,
+        positions,
+        0,
+        ndims=None,
+        traced=ctx.traced,
+        streams=rotary.streams,
+        per_axis=rotary.per_axis,
+    )
     source = PositionTables(rotary, ctx, spec, 0)  # explicit positions: no sequence length
     cos, sin = source.tables(0, compute_dtype(xp, like.dtype))
     if rotary.clockwise:

@@ -1,6 +1,6 @@
 """What differs between transformers' model families in how they rotate: data, in one place.
 
-One record per transformers ``model_type`` (transformers 5.23) whose modeling code applies
+One record per transformers ``model_type`` (transformers 5.24) whose modeling code applies
 rotary embeddings to the queries and keys of a token sequence: how it pairs features, which
 config key sets the rotated width, its default base, whether positions come in several axes
 (M-RoPE), which layers rotate at all, and what anyrope cannot express yet. It was gathered by
@@ -28,11 +28,14 @@ class Family:
     "interleaved" (true, also its default ``layout_default``) or "half". ``width``: "head" (the
     whole head rotates; transformers' Llama-style rotary ignores ``partial_rotary_factor``),
     "partial" (the first ``int(head_dim * partial_rotary_factor)`` features), "rotary_dim" (an
-    absolute ``rotary_dim`` key, GPT-J and CodeGen) or "mla" (DeepSeek's multi-head latent
-    attention: the ``qk_rope_head_dim`` slice). ``base``: the family's default theta (None where
+    absolute ``rotary_dim`` key, GPT-J and CodeGen), "mla" (DeepSeek's multi-head latent
+    attention: the ``qk_rope_head_dim`` slice) or "clvp" (``max(projection_dim // (2 *
+    num_attention_heads), 32)`` features). ``base``: the family's default theta (None where
     it differs by layer type). ``multi_axis``: M-RoPE, "contiguous" or "interleaved" sections
     (``mrope_section`` when the config has none), "alternating" (two streams, row and column,
-    over even and odd pairs: NeoMME) or "custom". ``nope``: the rule that says which layers do
+    over even and odd pairs: NeoMME), "alternating_then_time" (ERNIE 4.5-VL: ``mrope_section`` is
+    [height, width, time]; height and width alternate over the first pairs, time takes the rest)
+    or "custom" (none of these). ``nope``: the rule that says which layers do
     not rotate (see :func:`anyrope._hf.layer_rotation`). ``per_layer``: RoPE parameters nested by layer type.
     ``unsupported``: why anyrope cannot express the family's rotation yet. ``aliases``: config
     keys under another name (transformers' ``attribute_map``). ``scope``: what kind of model.
@@ -46,6 +49,16 @@ class Family:
     ``mscales``: the attention factor of a scaled rotation is ``short_mscale`` within the original
     context and ``long_mscale`` beyond it (PhiMoE; LongRoPE only). ``clockwise``: pairs turn by
     ``-position * theta`` (NanoChat's ``rotate_half`` is ``cat(x2, -x1)``).
+    ``rope_type_aliases``: legacy rope type names the family's config class renames (Sarvam-MLA's
+    "deepseek_yarn" is "yarn"). ``mlp_blocks``: a saved config lists an "mlp" block after every
+    layer in ``layer_types`` and counts blocks, not layers (Dory); read as its config class reads it.
+    ``rope_keys``: the key in ``rope_parameters`` of each layer type, where the family names its
+    parameters otherwise (DeepSeek-V4: "main" for sliding layers, "compress" for compressed ones).
+    ``log_frequency_scale``: the rotary module's weight whose ``exp`` multiplies the frequencies,
+    one per pair (Mistral Large 4's "alpha"): a checkpoint value the config does not hold, so
+    ``from_hf_config`` leaves it out and ``use_anyrope`` reads it from the module.
+    ``partial_default``: the ``partial_rotary_factor`` the family's config class sets where a
+    config (a saved dict) has none.
     """
 
     model_type: str
@@ -67,6 +80,12 @@ class Family:
     global_head_dim: int | None = None
     mscales: bool = False
     clockwise: bool = False
+    rope_type_aliases: Mapping[str, str] = field(default_factory=dict)
+    mlp_blocks: bool = False
+    # layer type -> its key in rope_parameters, where they differ (DeepSeek-V4's "main", "compress")
+    rope_keys: Mapping[str, str] = field(default_factory=dict)
+    log_frequency_scale: str | None = None
+    partial_default: float = 1.0
 
 
 def F(model_type: str, layout: Layout = "half", **fields: Any) -> Family:
@@ -106,16 +125,18 @@ _QWEN2_VL: dict[str, Any] = {"multi_axis": "contiguous", "mrope_section": (16, 2
 _GLM_V: dict[str, Any] = {"multi_axis": "contiguous", "mrope_section": (8, 12, 12)}
 _QWEN3_VL: dict[str, Any] = {"multi_axis": "interleaved", "mrope_section": (24, 20, 20)}
 _QWEN3_5: dict[str, Any] = {"multi_axis": "interleaved", "mrope_section": (11, 11, 10)}
+_HY_V4_VL: dict[str, Any] = {"multi_axis": "interleaved", "mrope_section": (12, 10, 10)}
 
 FAMILIES = (
     F("afmoe", nope="sliding_only"),
     F("apertus", base=12000000.0),
+    F("apertus1p5_text", base=12000000.0, scope="text_decoder_of_multimodal"),
     F("arcee"),
     F("aria_text", scope="text_decoder_of_multimodal"),
     F("axk1", "interleaved", layout_key="rope_interleave", width="mla"),
     F("axk2", "interleaved", width="mla"),
     F("bailing_hybrid", "interleaved", width="mla", base=6000000.0, aliases=_MODEL_MAX_LENGTH),
-    F("bamba", width="partial", aliases=_BLOCK_TYPES),
+    F("bamba", width="partial", aliases=_BLOCK_TYPES, partial_default=0.5),
     F("beam", nope="none_entry", per_layer=True),
     F("bitnet", base=500000.0),
     F("blt_global_transformer", "interleaved", base=500000.0, scope="byte_lm"),
@@ -125,8 +146,7 @@ FAMILIES = (
     F("chameleon"),
     F(
         "clvp_encoder",
-        width="partial",
-        unsupported="rotates the values too",
+        width="clvp",  # also rotates its values, by the same angles (rope(v, positions=...))
         scope="text_encoder",
         rope_types="fixed",
     ),
@@ -155,13 +175,21 @@ FAMILIES = (
         "interleaved",
         width="mla",
         per_layer=True,
-        unsupported="rotates the values too and de-rotates the attention output",
+        # sliding layers read the "main" parameters, compressed ones "compress" (its rotary module
+        # keys them so); the model also rotates its values and turns outputs back (inverse=True)
+        rope_keys={
+            "sliding_attention": "main",
+            "compressed_sparse_attention": "compress",
+            "heavily_compressed_attention": "compress",
+        },
     ),
     F("dia_decoder", scope="audio_token_lm"),
     F("dia_encoder", scope="text_encoder"),
     F("diffllama"),
     F("diffusion_gemma_text", per_layer=True, global_head_dim=512),
     F("doge"),
+    # saved configs list an "mlp" block after each layer and count blocks (DoryConfig.to_dict)
+    F("dory", base=None, per_layer=True, mlp_blocks=True),
     F("dots1"),
     F("dots3_note_text", "interleaved", width="mla", per_layer=True, scope="text_decoder_of_multimodal"),
     F("embedding_gemma2_text", per_layer=True, global_head_dim=512, scope="text_encoder"),
@@ -172,17 +200,16 @@ FAMILIES = (
         "ernie4_5_vl_moe_text",
         "interleaved",
         base=500000.0,
-        multi_axis="custom",
-        unsupported=(
-            "its M-RoPE pairs alternate between the height and width streams and then follow time, "
-            "an assignment mrope_section cannot express yet"
-        ),
+        multi_axis="alternating_then_time",
+        mrope_section=(22, 22, 20),
+        rope_types="default",
         scope="text_decoder_of_multimodal",
     ),
     F("esm", nope="position_embedding_type=rotary", scope="protein_lm_encoder"),
     F("esmc", scope="protein_lm_encoder"),
     F("eurobert", scope="text_encoder"),
     F("evolla", base=500000.0),
+    F("exaone", base=500000.0, aliases={"num_hidden_layers": "num_layers"}),
     F("exaone4", nope="sliding_when_windowed"),
     F("exaone_moe", nope="sliding_when_windowed"),
     F("falcon"),
@@ -195,16 +222,16 @@ FAMILIES = (
     F("gemma3n_text", per_layer=True),
     F("gemma4_text", per_layer=True, global_head_dim=512),
     F("gemma4_unified_text", per_layer=True, global_head_dim=512),
-    F("glm", "interleaved", width="partial"),
-    F("glm4", "interleaved", width="partial"),
-    F("glm4_moe", width="partial"),
+    F("glm", "interleaved", width="partial", partial_default=0.5),
+    F("glm4", "interleaved", width="partial", partial_default=0.5),
+    F("glm4_moe", width="partial", partial_default=0.5),
     F("glm4_moe_lite", "interleaved", layout_key="rope_interleave", width="mla", aliases=_ROPE_HEAD_DIM),
-    F("glm4v_moe_text", width="partial", scope="text_decoder_of_multimodal", **_GLM_V),
+    F("glm4v_moe_text", width="partial", scope="text_decoder_of_multimodal", **_GLM_V, partial_default=0.5),
     F("glm4v_text", "interleaved", width="partial", scope="text_decoder_of_multimodal", **_GLM_V),
     F("glm_image_text", width="partial", scope="text_decoder_of_multimodal", **_GLM_V),
     F("glm_moe_dsa", "interleaved", width="mla"),
     F("glm_ocr_text", "interleaved", width="partial", scope="text_decoder_of_multimodal", **_GLM_V),
-    F("gpt_neox", width="partial"),
+    F("gpt_neox", width="partial", partial_default=0.25),
     F("gpt_neox_japanese", width="partial"),
     F("gpt_oss", base=150000.0),
     F("gptj", "interleaved", width="rotary_dim", aliases=_GPT2_NAMES, rope_types="fixed"),
@@ -235,6 +262,8 @@ FAMILIES = (
     ),
     F("hy_v3", base=11158840.0),
     F("hy_v4", width="mla"),
+    # unlike hy_v4, interleaved pairs (its rotate_half pairs features 2j, 2j + 1)
+    F("hy_v4_vl_text", "interleaved", width="mla", scope="text_decoder_of_multimodal", **_HY_V4_VL),
     F("hyperclovax"),
     F(
         "idefics",
@@ -253,6 +282,7 @@ FAMILIES = (
         not_in_model="its decoder reads a text token and the Mimi codec's audio codes per frame, and generates from audio",
     ),
     F("laguna", width="partial", per_layer=True),
+    F("lara_mini", nope="sliding_only"),
     F("lfm2", base=1000000.0),
     F("lfm2_moe", base=1000000.0),
     F("lfm3", per_layer=True),
@@ -274,7 +304,7 @@ FAMILIES = (
         "interleaved",
         width="mla",
         nope="no_rope_layers",
-        unsupported="its frequencies carry a learned scale, exp(alpha), stored in the checkpoint",
+        log_frequency_scale="alpha",
         scope="text_decoder_of_multimodal",
     ),
     F("mixtral", base=1000000.0),
@@ -282,8 +312,21 @@ FAMILIES = (
     F("modernbert", per_layer=True, scope="text_encoder"),
     F("modernbert-decoder", per_layer=True),
     F("molmo2_text", per_layer=True, scope="text_decoder_of_multimodal"),
-    F("moonshine", "interleaved", width="partial", aliases=_DECODER_NAMES, scope="speech_text_decoder"),
-    F("moonshine_streaming", "interleaved", width="partial", scope="speech_text_decoder"),
+    F(
+        "moonshine",
+        "interleaved",
+        width="partial",
+        aliases=_DECODER_NAMES,
+        scope="speech_text_decoder",
+        partial_default=0.9,
+    ),
+    F(
+        "moonshine_streaming",
+        "interleaved",
+        width="partial",
+        scope="speech_text_decoder",
+        partial_default=0.8,
+    ),
     F("moshi", scope="audio_token_lm"),
     F(
         "muse_glimmer_assistant",
@@ -293,7 +336,7 @@ FAMILIES = (
     F("muse_glimmer_text", nope="layer_rope_flag", scope="text_decoder_of_multimodal"),
     F("muse_spark_text", base=500000.0, nope="layer_rope_flag", scope="text_decoder_of_multimodal"),
     F("nanochat", clockwise=True),
-    F("nemotron", width="partial"),
+    F("nemotron", width="partial", partial_default=0.5),
     F("neomme", width="partial", multi_axis="alternating", per_layer=True, scope="multimodal_encoder"),
     F("nomic_bert", base=1000.0, scope="text_encoder"),
     F("olmo"),
@@ -303,8 +346,8 @@ FAMILIES = (
     F("olmoe"),
     F("openai_privacy_filter", "interleaved", base=150000.0, scope="text_encoder"),
     F("paddleocr_vl_text", base=500000.0, scope="text_decoder_of_multimodal", **_QWEN2_VL),
-    F("persimmon", width="partial"),
-    F("phi", width="partial"),
+    F("persimmon", width="partial", partial_default=0.5),
+    F("phi", width="partial", partial_default=0.5),
     F("phi3", width="partial"),
     F("phi4_multimodal", width="partial"),
     F("phimoe", base=1000000.0, mscales=True),
@@ -316,22 +359,43 @@ FAMILIES = (
     F("qwen2_moe"),
     F("qwen2_vl_text", base=1000000.0, scope="text_decoder_of_multimodal", **_QWEN2_VL),
     F("qwen3"),
-    F("qwen3_5_moe_text", width="partial", scope="text_decoder_of_multimodal", **_QWEN3_5),
-    F("qwen3_5_text", width="partial", scope="text_decoder_of_multimodal", **_QWEN3_5),
+    F(
+        "qwen3_5_moe_text",
+        width="partial",
+        scope="text_decoder_of_multimodal",
+        **_QWEN3_5,
+        partial_default=0.25,
+    ),
+    F("qwen3_5_text", width="partial", scope="text_decoder_of_multimodal", **_QWEN3_5, partial_default=0.25),
     F("qwen3_moe"),
-    F("qwen3_next", width="partial"),
+    F("qwen3_next", width="partial", partial_default=0.25),
     F("qwen3_omni_moe_talker_code_predictor", scope="audio_token_lm"),
     F("qwen3_omni_moe_talker_text", scope="audio_token_lm", **_QWEN3_VL),
     F("qwen3_omni_moe_text", base=1000000.0, scope="text_decoder_of_multimodal", **_QWEN3_VL),
     F("qwen3_vl_moe_text", base=500000.0, scope="text_decoder_of_multimodal", **_QWEN3_VL),
     F("qwen3_vl_text", base=500000.0, scope="text_decoder_of_multimodal", **_QWEN3_VL),
     F("qwen4_exp_text", width="partial", scope="text_decoder_of_multimodal", **_QWEN3_5),
-    F("recurrent_gemma", width="partial", aliases=_BLOCK_TYPES_AND_WINDOW, rope_types="default"),
+    F(
+        "recurrent_gemma",
+        width="partial",
+        aliases=_BLOCK_TYPES_AND_WINDOW,
+        rope_types="default",
+        partial_default=0.5,
+    ),
     F("roformer", "interleaved", scope="text_encoder", rope_types="fixed"),
+    # legacy remote-code configs say rope_scaling type "deepseek_yarn": YaRN, as SarvamMLAConfig reads it
+    F(
+        "sarvam_mla",
+        "interleaved",
+        layout_key="rope_interleave",
+        width="mla",
+        rope_type_aliases={"deepseek_yarn": "yarn"},
+    ),
+    F("sarvam_moe", width="partial", base=8000000.0),
     F("seed_oss"),
     F("smollm3", base=2000000.0, nope="no_rope_layers"),
     F("solar_open", base=1000000.0),
-    F("stablelm", width="partial"),
+    F("stablelm", width="partial", partial_default=0.25),
     F("starcoder2"),
     F("step3p5", width="partial", per_layer=True, scope="text_decoder_of_multimodal"),
     F("t5_gemma_module", scope="text_encoder_decoder"),
@@ -343,7 +407,7 @@ FAMILIES = (
     F("voxtral_realtime_text", scope="speech_text_decoder"),
     F("youtu", "interleaved", layout_key="rope_interleave", width="mla"),
     F("zamba2", nope="use_mem_rope", aliases=_ATTENTION_HEAD_DIM),
-    F("zaya", width="partial", per_layer=True),
+    F("zaya", width="partial", per_layer=True, partial_default=0.5),
 )
 
 _BY_TYPE = {family.model_type: family for family in FAMILIES}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from ._args import shown
 from ._memo import Memo
@@ -50,6 +51,7 @@ class Spectrum:
         "_by_length",
         "base",
         "fixed",
+        "frequency_scale",
         "max_position",
         "original",
         "rotary_dim",
@@ -59,10 +61,18 @@ class Spectrum:
     )
 
     def __init__(
-        self, scaling: Scaling, rotary_dim: int, base: float, max_position: int | None, fixed: int | None
+        self,
+        scaling: Scaling,
+        rotary_dim: int,
+        base: float,
+        max_position: int | None,
+        fixed: int | None,
+        frequency_scale: tuple[float, ...] | None = None,
     ) -> None:
         self.scaling, self.rotary_dim, self.base = scaling, rotary_dim, base
         self.max_position, self.fixed = max_position, fixed
+        # per frequency index, times the method's frequencies (Mistral Large 4's exp(alpha))
+        self.frequency_scale = frequency_scale
         self._by_length: Memo[PairFrequencies] = Memo()  # decoding under DynamicNTK meets every length once
         self.original = self._compute(None)  # the frequencies within the original context
         # Every call's frequencies where they do not depend on the call (fixed with at_length).
@@ -101,16 +111,29 @@ class Spectrum:
             )
         except (OverflowError, ZeroDivisionError):  # float ** float past float's range (NTK, huge factors)
             inv_freq, scale = (math.inf,), 1.0
+        if self.frequency_scale is not None:  # the one place the scale meets host frequencies
+            # (not strict: the overflow above leaves one inf, which the check below reports)
+            inv_freq = tuple(float(f) * s for f, s in zip(inv_freq, self.frequency_scale, strict=False))
         freqs = PairFrequencies(tuple(float(f) for f in inv_freq), float(scale))
         # Each value was checked alone; together they may still leave float's range. (Signs are
         # the method's own: the mlx-lm integration's stored frequencies turn inverse= by -theta.)
         if not all(math.isfinite(f) for f in (*freqs.inv_freq, freqs.scale)):
             at = "" if seq_len is None else f" at sequence length {shown(seq_len)}"
+            given = "" if self.frequency_scale is None else " and frequency_scale"
             raise ValueError(
-                f"base={self.base!r} with scaling={self.scaling!r}{at} gives frequencies or an attention "
-                "factor outside float's finite range; choose a smaller factor or base"
+                f"base={self.base!r} with scaling={self.scaling!r}{given}{at} gives frequencies or an "
+                "attention factor outside float's finite range; choose a smaller factor or base"
             )
         return freqs
+
+    def device_frequencies(self, xp: Any, length: Any, *, exponents: Any, factors: Any) -> Any:
+        """The frequencies of a continuous method (DynamicNTK) for ``length``, a 0-d floating device
+        array, formed there; ``factors``: :attr:`frequency_scale` as a device array of that dtype
+        (None without one), applied as on the host."""
+        inv_freq = self.scaling.device_frequencies(
+            xp, length, self.rotary_dim, self.base, exponents=exponents
+        )
+        return inv_freq if factors is None else inv_freq * factors
 
     def at(self, seq_len: int | None) -> PairFrequencies:
         """The frequencies for a sequence length; the same object for every length that shares them."""

@@ -10,16 +10,24 @@ families (pairing, the rotated width's key, multi-axis positions) comes from
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from ._config import MISSING, ConfigReader
 from ._families import GENERIC, Family, family_of
-from ._hf_layers import _nested, _per_layer, _whole_config_rotates, layer_rotation
+from ._hf_layers import _layer_blocks, _nested, _per_layer, _whole_config_rotates, layer_rotation
 from ._hf_scaling import SUPPORTED_TYPES, _rope_parameters, _rope_type, _scaling
 from ._hf_vision import parse_vision_config, vision_family
 from .scaling import _ntk_base
 
-__all__ = ["SUPPORTED_TYPES", "layer_count", "layer_rotation", "parse_hf_config", "text_config"]
+__all__ = [
+    "SUPPORTED_TYPES",
+    "UnknownFamilyWarning",
+    "layer_count",
+    "layer_rotation",
+    "parse_hf_config",
+    "text_config",
+]
 
 
 def text_config(config: Any) -> ConfigReader:
@@ -61,7 +69,15 @@ def _rotary_dim(cfg: ConfigReader, params: ConfigReader, head_dim: int, family: 
         if width > head_dim:
             raise ValueError(f"the config's 'rotary_dim' is {width}; it must be at most head_dim={head_dim}")
         return width, width / head_dim
-    partial = 1.0
+    if family.width == "clvp":  # ClvpRotaryPositionalEmbedding's own rule, not the head's
+        width = max(cfg.integer("projection_dim") // (2 * cfg.integer("num_attention_heads")), 32)
+        if width > head_dim:
+            raise ValueError(
+                f"the config's projection_dim and num_attention_heads give {width} rotated features, "
+                f"max(projection_dim // (2 * num_attention_heads), 32); at most head_dim={head_dim} rotate"
+            )
+        return width, width / head_dim
+    partial = family.partial_default  # what the config class sets where the config has no key
     for reader, key in (
         (params, "partial_rotary_factor"),
         (cfg, "partial_rotary_factor"),
@@ -96,10 +112,12 @@ def _layout(cfg: ConfigReader, family: Family) -> str:
 
 
 def parse_hf_config(
-    config: Any, *, layer_type: str | None = None, layer: int | None = None
+    config: Any, *, layer_type: str | None = None, layer: int | None = None, layout: str | None = None
 ) -> dict[str, Any]:
     """The keyword arguments of :class:`~anyrope.RoPE` that ``config`` describes (for layer
-    ``layer``, or for the layers of type ``layer_type``)."""
+    ``layer``, or for the layers of type ``layer_type``), with the pairing ``layout`` where given.
+    A config of a ``model_type`` anyrope does not know is read the Llama way, with an
+    :class:`UnknownFamilyWarning` unless ``layout`` pins the pairing."""
     cfg = text_config(config)
     model_type = cfg.get("model_type")
     family = family_of(model_type if isinstance(model_type, str) else None)
@@ -111,7 +129,7 @@ def parse_hf_config(
                 f"{family.model_type!r} models rotate with one position per token"
             )
         return parse_vision_config(cfg, vision, layer_type=layer_type, layer=layer)
-    cfg = ConfigReader(cfg.source, aliases=family.aliases)
+    cfg = _layer_blocks(ConfigReader(cfg.source, aliases=family.aliases), family)
     _whole_config_rotates(cfg, family)
     if cfg.get("rotary_value", False) is True:
         raise ValueError(
@@ -126,6 +144,8 @@ def parse_hf_config(
         if _nested(cfg):
             layer_type = kind
     cfg = _per_layer(cfg, family, kind, layer)
+    if layer_type is not None:  # a layer type whose parameters sit under another key
+        layer_type = family.rope_keys.get(layer_type, layer_type)
     params = _rope_parameters(cfg, layer_type)
     rope_type = _rope_type(cfg, params, family)
     head_dim = _head_dim(cfg, family)
@@ -150,17 +170,50 @@ def parse_hf_config(
             f"the config rotates {rotary_dim} of {head_dim} features; RoPE needs a positive even number"
         )
     section, interleaved = _sections(params, family, rotary_dim)
+    if layout is None:
+        layout = _layout(cfg, family)
+        if family is GENERIC and isinstance(model_type, str) and model_type:
+            _warn_unknown(model_type, layout, head_dim, rotary_dim, section, interleaved)
     return {
         "mrope_section": section,
         "mrope_interleaved": interleaved,
-        "layout": _layout(cfg, family),
+        "layout": layout,
         "head_dim": head_dim,
         "base": base,
         "rotary_dim": rotary_dim,
         "scaling": method,
         "max_position": max_position,
         "clockwise": family.clockwise,
+        **_stream_map(params, family, rotary_dim),
     }
+
+
+class UnknownFamilyWarning(UserWarning):
+    """A config's ``model_type`` is none of anyrope's families: it was read the Llama way."""
+
+
+def _warn_unknown(
+    model_type: str,
+    layout: str,
+    head_dim: int,
+    rotary_dim: int,
+    section: list[int] | None,
+    interleaved: bool,
+) -> None:
+    # A dict without model_type is taken as hand-written for the generic reading: no warning.
+    sections = (
+        f", M-RoPE sections {section} ({'interleaved' if interleaved else 'contiguous'})" if section else ""
+    )
+    warnings.warn(
+        f"anyrope does not know model_type={model_type!r} and read its config the Llama way: "
+        f"layout={layout!r} (the rope_interleave flag, half pairs without it), rotary_dim={rotary_dim} "
+        f"of head_dim={head_dim} (partial_rotary_factor, rotary_pct or qk_rope_head_dim){sections}, "
+        "and every attention layer rotating (no NoPE layers). Check this against the model's code; "
+        "pin the pairing with RoPE.from_hf_config(config, layout='half' or 'interleaved'), which "
+        "also silences this warning",
+        UnknownFamilyWarning,
+        stacklevel=4,
+    )
 
 
 def _sections(params: ConfigReader, family: Family, rotary_dim: int) -> tuple[list[int] | None, bool]:
@@ -171,6 +224,8 @@ def _sections(params: ConfigReader, family: Family, rotary_dim: int) -> tuple[li
     pairs = rotary_dim // 2
     if family.multi_axis == "alternating":  # NeoMME: rows on even pairs, columns on odd ones
         return [pairs - pairs // 2, pairs // 2], True
+    if family.multi_axis == "alternating_then_time":  # no sections: a stream map (_stream_map)
+        return None, False
     given = params.get("mrope_section", None)
     if family.multi_axis is None:
         if given is None:
@@ -201,9 +256,38 @@ def _sections(params: ConfigReader, family: Family, rotary_dim: int) -> tuple[li
     return section, interleaved
 
 
+def _stream_map(params: ConfigReader, family: Family, rotary_dim: int) -> dict[str, Any]:
+    """ERNIE 4.5-VL's map: ``mrope_section`` is [height, width, time] pairs; height and width
+    alternate over the first pairs (height on even ones), time takes the rest, and every pair
+    keeps its own frequency (the family's code pre-permutes inv_freq, then re-interleaves)."""
+    if family.multi_axis != "alternating_then_time":
+        return {}
+    section = params.get("mrope_section", None)
+    section = family.mrope_section if section is None else section
+    if (
+        isinstance(section, (str, bytes))
+        or not isinstance(section, (list, tuple))
+        or len(section) != 3
+        or not all(type(n) is int and n >= 0 for n in section)
+    ):
+        raise ValueError(
+            f"{params.where}'s mrope_section is {section!r}; {family.model_type!r} models read it as "
+            "3 non-negative ints: [height, width, time] pairs"
+        )
+    height, width, time = section
+    pairs = rotary_dim // 2
+    if height != width or height + width + time != pairs:
+        raise ValueError(
+            f"{params.where}'s mrope_section={list(section)!r} must give height and width the same "
+            f"number of pairs (the family's code stacks them) and add up to the {pairs} pairs rotated"
+        )
+    return {"pair_streams": [1 + j % 2 if j < height + width else 0 for j in range(pairs)]}
+
+
 def layer_count(config: Any) -> int:
     """``num_hidden_layers`` of the config's text model."""
     cfg = text_config(config)
     model_type = cfg.get("model_type")
     family = family_of(model_type if isinstance(model_type, str) else None)
-    return int(ConfigReader(cfg.source, aliases=family.aliases).integer("num_hidden_layers"))
+    cfg = _layer_blocks(ConfigReader(cfg.source, aliases=family.aliases), family)
+    return int(cfg.integer("num_hidden_layers"))

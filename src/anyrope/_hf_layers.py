@@ -25,6 +25,28 @@ def _whole_config_rotates(cfg: ConfigReader, family: Family) -> None:
         )
 
 
+def _layer_blocks(cfg: ConfigReader, family: Family) -> ConfigReader:
+    """A saved Dory config's layers: its ``layer_types`` list an "mlp" block after every layer and
+    its counts are of blocks, which DoryConfig.__post_init__ halves (a config object is already read so)."""
+    source = cfg.source
+    types = cfg.get("layer_types", None)
+    if not (family.mlp_blocks and isinstance(source, Mapping) and isinstance(types, (list, tuple))):
+        return cfg
+    if "mlp" not in types:
+        return cfg
+    if len(types) % 2 or list(types[1::2]) != ["mlp"] * (len(types) // 2):
+        raise ValueError(
+            f"this {family.model_type} config's layer_types mixes 'mlp' blocks into its layers other than "
+            "one after every layer, as saved configs list them; give one entry per layer instead"
+        )
+    blocks: dict[str, Any] = {"layer_types": list(types[::2])}
+    for key in ("num_hidden_layers", "n_input_layers", "n_recurrent_layers", "n_output_layers"):
+        count = cfg.get(key, None)
+        if isinstance(count, int) and not isinstance(count, bool):
+            blocks[key] = count // 2
+    return ConfigReader({**source, **blocks}, aliases=family.aliases)
+
+
 def layer_rotation(cfg: ConfigReader, family: Family, layer: int) -> tuple[str | None, float | None]:
     """Layer ``layer``'s layer type (``layer_types[layer]``) and a theta of its own, where it has
     them; a ValueError saying why where that layer does not rotate."""

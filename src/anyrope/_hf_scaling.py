@@ -57,6 +57,7 @@ def _rope_type(cfg: ConfigReader, params: ConfigReader, family: Family) -> str:
     rope_type = rope_type or "default"
     if not isinstance(rope_type, str):
         raise TypeError(f"{params.where}'s rope_type is {rope_type!r}; it must be a string such as 'yarn'")
+    rope_type = family.rope_type_aliases.get(rope_type, rope_type)
     if rope_type == "su" or (rope_type == "yarn" and cfg.get("model_type") == "phi3"):
         rope_type = "longrope"  # Phi-3's legacy names, as transformers maps them
     if family.unsupported is not None:

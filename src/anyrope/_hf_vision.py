@@ -93,11 +93,18 @@ def parse_vision_config(
             f"the config's head dimension is {head_dim}; {name} vision towers share its pairs out "
             f"equally among {family.axes} axes, which needs a multiple of {2 * family.axes}"
         )
+    streams: dict[str, Any] = {"axial": family.axes, "axial_frequencies": family.frequencies}
+    if family.frequencies == "blocks, pairs alternating":  # pair j: axis j % axes, blocks' frequency
+        axes = family.axes
+        pairs = range(rotary_dim // 2)
+        streams = {
+            "pair_streams": [j % axes for j in pairs],
+            "pair_frequencies": [j - j % axes for j in pairs],
+        }
     return {
         "head_dim": head_dim,
         "rotary_dim": rotary_dim,
         "base": _base(cfg, params, family),
         "layout": family.layout,
-        "axial": family.axes,
-        "axial_frequencies": family.frequencies,
+        **streams,
     }

@@ -312,13 +312,17 @@ def position_spec(
     ndims: Sequence[int] | None = (1, 2),
     traced: bool = False,
     streams: int = 1,
+    per_axis: bool = False,
 ) -> PositionSpec:
     """The spec that ``positions=`` or ``offset=`` describe, checked from types and shapes.
 
     With ``streams`` > 1 (M-RoPE), positions of more than one axis have the streams first; 1-D
     positions and offsets give every stream the same positions. Python ints are checked to fit
     the index dtype, except while tracing (dynamo makes them symbolic, and a comparison would
-    add a guard)."""
+    add a guard). ``per_axis``: pairs turn by frequencies of their own axis (axial RoPE), so
+    positions alike on every axis are no rotation a model makes, and only ``(streams, ...)`` is taken."""
+    if per_axis and (positions is None or _ndim(positions) < 2):
+        raise ValueError(_one_row_for_every_axis(positions, streams))
     if positions is None and ndims is None:  # tables for explicit positions (cos_sin), with none given
         raise TypeError("positions must be an integer array or a sequence of ints, not None")
     if positions is not None:
@@ -347,6 +351,30 @@ def position_spec(
             f"offset must be one int, or 1-d with one int per batch row; got shape {values.shape}"
         )
     return ArrayOffset(values, _largest(values, env))
+
+
+def _ndim(positions: Any) -> int:
+    shape = getattr(positions, "shape", None)
+    if shape is not None:
+        return len(shape)
+    if isinstance(positions, Sequence) and not isinstance(positions, (str, bytes)):
+        return 1 + (_ndim(positions[0]) if len(positions) else 0)
+    return 0
+
+
+def _one_row_for_every_axis(positions: Any, streams: int) -> str:
+    given = "offset= (or no positions)" if positions is None else f"positions of shape {_shape(positions)}"
+    return (
+        f"{given} put every axis at the same position, but this RoPE's pairs turn by frequencies of "
+        f"their own axis (axial RoPE, {streams} axes), so that is not a rotation a model makes: give "
+        f"positions of shape ({streams}, seq) or ({streams}, batch, seq), one row per axis "
+        "(anyrope.grid_positions makes them for a grid of patches)"
+    )
+
+
+def _shape(positions: Any) -> tuple[int, ...]:
+    shape = getattr(positions, "shape", None)
+    return tuple(shape) if shape is not None else (len(positions),) if hasattr(positions, "__len__") else ()
 
 
 def _multi_axis(values: GivenIntegers, streams: int, ndims: Sequence[int] | None) -> MultiAxis:

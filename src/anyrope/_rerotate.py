@@ -104,6 +104,7 @@ def rerotate(
         "mrope_section",
         "mrope_interleaved",
         "axial",
+        "pair_streams",
     ):
         if getattr(old, attr) != getattr(new, attr):
             hint = "; convert the layout first with to_layout" if attr == "layout" else ""
@@ -116,7 +117,9 @@ def rerotate(
     xp, env, traced = ctx.xp, ctx.env, ctx.traced
     check_input(xp, k, arg="k", head_dim=old.head_dim)
     axis = normalize_seq_axis(seq_axis, k.ndim, arg="k")
-    spec = position_spec(xp, env, positions, offset, traced=traced, streams=old.streams)
+    spec = position_spec(
+        xp, env, positions, offset, traced=traced, streams=old.streams, per_axis=rotary_of(old).per_axis
+    )
     spec.check(k, "k", axis)
     seq, compute = k.shape[axis], compute_dtype(xp, k.dtype)
     moved = spec if _no_shift(shift) else _shifted(xp, env, spec, seq, shift, old.streams, traced)

@@ -6,13 +6,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ._args import check_int, check_positive
+from ._args import check_float_vector, check_int, check_positive
 from ._call import cos_sin, rope_call
 from ._frequencies import Spectrum
 from ._hf import layer_count, parse_hf_config
 from ._layout import check_rotary_dim, normalize_layout
 from ._rotary import Rotary
-from ._sections import axial_sections, check_sections
+from ._sections import axial_sections, check_sections, check_stream_map
 from .scaling import Scaling
 
 __all__ = ["RoPE"]
@@ -69,6 +69,23 @@ class RoPE:
         Spread the streams across the pairs (Qwen3-VL: stream ``s > 0`` takes pairs ``s, s +
         streams, ...``, ``mrope_section[s]`` of them; the rest follow stream 0) instead of
         contiguous sections (Qwen2-VL: the first ``mrope_section[0]`` pairs follow stream 0, ...).
+    pair_streams : sequence of int, optional
+        Any assignment of pairs to position streams, one entry per pair (``rotary_dim // 2``):
+        pair ``j`` turns by ``positions[pair_streams[j]] * theta``. M-RoPE and axial RoPE are
+        named cases of it (their :attr:`pair_streams` built this way give the same RoPE); others
+        are, for instance, ERNIE 4.5-VL's (height and width alternate over the first pairs, time
+        takes the rest). Calls take positions of shape ``(streams, ...)`` with
+        ``streams = max(pair_streams) + 1``.
+    pair_frequencies : sequence of int, optional
+        With ``pair_streams``: the frequency pair ``j`` turns by, as an index into the spectrum
+        (``inv_freq[pair_frequencies[j]]``); by default its own, ``j``.
+    frequency_scale : sequence of float or 1-D array, optional
+        Multipliers of the frequencies, one per frequency index (``rotary_dim // 2``, positive
+        and finite), applied after ``scaling``: frequency ``i`` becomes ``inv_freq[i] *
+        frequency_scale[i]`` (Mistral Large 4's learned ``exp(alpha)``). Indexed like
+        :attr:`inv_freq`, so with ``axial`` or ``pair_frequencies`` pair ``j`` turns by
+        ``inv_freq[pair_frequencies[j]]`` with the scale already in it. A NumPy array or a
+        tensor of any device is read once, here, into Python floats.
 
     Examples
     --------
@@ -100,6 +117,9 @@ class RoPE:
         axial: int | None = None,
         axial_frequencies: str = "blocks",
         xpos_scale_base: float | None = None,
+        pair_streams: Sequence[int] | None = None,
+        pair_frequencies: Sequence[int] | None = None,
+        frequency_scale: Any = None,
     ) -> None:
         if not isinstance(clockwise, bool):
             raise TypeError(f"clockwise must be True or False, not {clockwise!r}")
@@ -114,11 +134,20 @@ class RoPE:
             sections = axial_sections(axial, axial_frequencies, rotary_dim)
         elif axial_frequencies != "blocks":
             raise ValueError(f"axial_frequencies={axial_frequencies!r} needs axial= (the number of axes)")
+        if pair_streams is not None:
+            if sections is not None:
+                raise ValueError(
+                    "pass pair_streams, mrope_section or axial, not two of them (each says which "
+                    "stream a pair follows)"
+                )
+            sections = check_stream_map(pair_streams, pair_frequencies, rotary_dim)
+        elif pair_frequencies is not None:
+            raise ValueError("pair_frequencies needs pair_streams= (the stream each pair follows)")
         if xpos_scale_base is not None:
             xpos_scale_base = check_positive(xpos_scale_base, "xpos_scale_base", why=" (512 in xPos) or None")
             if sections is not None:
                 raise ValueError(
-                    "xpos_scale_base does not combine with mrope_section or axial: xPos scales by one position"
+                    "xpos_scale_base does not combine with mrope_section, axial or pair_streams: xPos scales by one position"
                 )
         base = check_positive(base, "base", why=" (10000.0 in most models)")
         if max_position is not None:
@@ -130,10 +159,12 @@ class RoPE:
                 "config use RoPE.from_hf_config"
             )
         method: Scaling = scaling if scaling is not None else Scaling()
+        scale = None if frequency_scale is None else _checked_scale(frequency_scale, rotary_dim)
         self._rotary = Rotary(
             head_dim=head_dim, rotary_dim=rotary_dim, base=float(base), layout=normalize_layout(layout),
             clockwise=clockwise, scaling=method, max_position=max_position, sections=sections,
-            xpos_scale_base=xpos_scale_base, spectrum=Spectrum(method, rotary_dim, float(base), max_position, None),
+            xpos_scale_base=xpos_scale_base,
+            spectrum=Spectrum(method, rotary_dim, float(base), max_position, None, scale),
         )  # fmt: skip
 
     @classmethod
@@ -149,7 +180,10 @@ class RoPE:
 
         The model family (``model_type``) says how it pairs features, which key sets the rotated
         width, and which layers rotate at all: anyrope knows every transformers family that
-        rotates (see the model-family table in the docs) and reads the rest the way Llama does.
+        rotates (see the model-family table in the docs) and reads the rest the way Llama does,
+        with a ``UserWarning`` that names the ``model_type`` and says what it assumed, unless
+        ``layout=`` pins the pairing. A dict without ``model_type`` is read that way
+        silently.
 
         Parameters
         ----------
@@ -164,7 +198,8 @@ class RoPE:
             and M-RoPE's ``mrope_section`` (Qwen2-VL's contiguous sections or Qwen3-VL's
             interleaved streams, as the family's own code reads them).
         layout : str, optional
-            Override the family's pairing, e.g. "interleaved" for a checkpoint kept in Meta's layout.
+            Override the family's pairing, e.g. "interleaved" for a checkpoint kept in Meta's layout,
+            or pin the pairing of a model family anyrope does not know.
         layer_type : str, optional
             For configs with RoPE parameters per layer type (Gemma 3's "sliding_attention" and
             "full_attention").
@@ -193,10 +228,7 @@ class RoPE:
         ...                              "num_attention_heads": 4}).layout
         'interleaved'
         """
-        kwargs = parse_hf_config(config, layer_type=layer_type, layer=layer)
-        if layout is not None:
-            kwargs["layout"] = layout
-        return cls(**kwargs)
+        return cls(**parse_hf_config(config, layer_type=layer_type, layer=layer, layout=layout))
 
     @classmethod
     def layers_from_hf_config(cls, config: Any, *, layout: str | None = None) -> list[RoPE | None]:
@@ -228,9 +260,12 @@ class RoPE:
 
     @property
     def mrope_section(self) -> tuple[int, ...] | None:
-        """Frequency pairs per position stream (M-RoPE), or None."""
+        """Frequency pairs per position stream (M-RoPE), or None (also for axial RoPE and other
+        stream maps: see :attr:`pair_streams`)."""
         sections = self._rotary.sections
-        return None if sections is None or sections.axial else sections.sizes
+        return (
+            sections.sizes if sections is not None and not sections.axial and sections.kind != "map" else None
+        )
 
     @property
     def axial(self) -> int | None:
@@ -276,7 +311,8 @@ class RoPE:
 
     @property
     def streams(self) -> int:
-        """Positions per token: ``len(mrope_section)`` for M-RoPE, ``axial`` for axial RoPE, else 1."""
+        """Positions per token: ``len(mrope_section)`` for M-RoPE, ``axial`` for axial RoPE,
+        ``max(pair_streams) + 1`` for another stream map, else 1."""
         return self._rotary.streams
 
     @property
@@ -290,12 +326,31 @@ class RoPE:
 
     @property
     def inv_freq(self) -> tuple[float, ...]:
-        """Radians per position of each pair, as float64 Python floats (``rotary_dim // 2`` of them).
+        """Radians per position of each pair, as float64 Python floats (``rotary_dim // 2`` of them),
+        with :attr:`frequency_scale` applied where there is one.
 
         For methods that change with the sequence (``DynamicNTK``, ``LongRoPE``) these are the
         frequencies within the original context; see :meth:`inv_freq_at`.
         """
         return self._rotary.spectrum.at(None).inv_freq
+
+    @property
+    def frequency_scale(self) -> tuple[float, ...] | None:
+        """The per-frequency multipliers the frequencies carry (already in :attr:`inv_freq`), or None."""
+        return self._rotary.spectrum.frequency_scale
+
+    def with_frequency_scale(self, frequency_scale: Any) -> RoPE:
+        """This RoPE with its frequencies (the scaling method's) times ``frequency_scale``, which
+        replaces any earlier one; None removes it. For a scale held in a checkpoint rather than
+        in the config, such as Mistral Large 4's ``exp(rotary_emb.alpha)``.
+
+        >>> import anyrope
+        >>> rope = anyrope.RoPE(8).with_frequency_scale([1.0, 2.0, 1.0, 0.5])
+        >>> rope.inv_freq == (1.0, 0.2, 0.01, 0.0005)
+        True
+        """
+        scale = None if frequency_scale is None else _checked_scale(frequency_scale, self.rotary_dim)
+        return _wrap(self._rotary.with_frequency_scale(scale))
 
     def inv_freq_at(self, seq_len: int) -> tuple[float, ...]:
         """The frequencies used for a sequence of ``seq_len`` positions (``max(positions) + 1``)."""
@@ -350,12 +405,18 @@ class RoPE:
             parts.append("clockwise=True")
         if r.sections is not None and r.sections.axial:
             parts.append(f"axial={r.sections.streams}, axial_frequencies={r.sections.kind!r}")
+        elif r.sections is not None and r.sections.kind == "map":
+            parts.append(f"pair_streams={list(r.sections.stream_of)}")
+            if r.sections.reordered:
+                parts.append(f"pair_frequencies={list(r.sections.freq_of)}")
         elif r.sections is not None:
             parts.append(f"mrope_section={list(r.sections.sizes)}")
             if r.sections.interleaved:
                 parts.append("mrope_interleaved=True")
         if r.xpos_scale_base is not None:
             parts.append(f"xpos_scale_base={r.xpos_scale_base!r}")
+        if r.spectrum.frequency_scale is not None:
+            parts.append(f"frequency_scale={list(r.spectrum.frequency_scale)!r}")
         text = f"RoPE({', '.join(parts)})"
         return text if r.spectrum.fixed is None else f"{text}.at_length({r.spectrum.fixed})"
 
@@ -380,6 +441,7 @@ class RoPE:
         offset: Any = 0,
         seq_axis: int = -2,
         inplace: bool = False,
+        inverse: bool = False,
     ) -> Any:
         """Rotate ``q`` (and ``k``) by their positions.
 
@@ -403,6 +465,11 @@ class RoPE:
         inplace : bool
             Overwrite q and k with the result (NumPy, PyTorch and CuPy arrays, not ones that
             require grad): no new memory, and no page faults for it.
+        inverse : bool
+            Turn by minus the angles at these positions: undoes a rotation, for any array
+            (values, attention outputs). DeepSeek-V4 rotates its values by the keys' positions
+            and turns each attention output back by its query's position; for a ``clockwise``
+            RoPE it turns by plus the angles.
 
         Returns
         -------
@@ -416,7 +483,14 @@ class RoPE:
         ``DynamicNTK`` and ``LongRoPE`` pick their frequencies there. Positions known on the host
         (Python ints, NumPy arrays, CPU tensors) also select cached tables and CPU kernels.
         """
-        return rope_call(self._rotary, q, k, positions, offset, seq_axis, inplace)
+        return rope_call(self._rotary, q, k, positions, offset, seq_axis, inplace, inverse)
+
+
+def _checked_scale(frequency_scale: Any, rotary_dim: int) -> tuple[float, ...]:
+    """``frequency_scale`` as Python floats, one per frequency, or an error naming it."""
+    pairs = rotary_dim // 2
+    why = f" (rotary_dim // 2 = {pairs} entries, one per frequency)"
+    return check_float_vector(frequency_scale, "frequency_scale", length=pairs, why=why)
 
 
 def _wrap(rotary: Rotary) -> RoPE:

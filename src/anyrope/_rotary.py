@@ -51,6 +51,12 @@ class Rotary:
         return self.sections is None or not self.sections.reordered
 
     @property
+    def per_axis(self) -> bool:
+        """Whether calls need positions per stream: with pairs on frequencies of their axis
+        (axial RoPE), streams alike are no rotation a model makes, unlike M-RoPE's text tokens."""
+        return not self.plain_order
+
+    @property
     def pair_streams(self) -> tuple[int, ...]:
         """The position stream each pair follows."""
         return (0,) * (self.rotary_dim // 2) if self.sections is None else self.sections.stream_of
@@ -62,5 +68,20 @@ class Rotary:
 
     def at_length(self, seq_len: int) -> Rotary:
         """The same rotation with the frequencies of ``seq_len`` fixed."""
-        spectrum = Spectrum(self.scaling, self.rotary_dim, self.base, self.max_position, seq_len)
+        spectrum = Spectrum(
+            self.scaling,
+            self.rotary_dim,
+            self.base,
+            self.max_position,
+            seq_len,
+            self.spectrum.frequency_scale,
+        )
+        return replace(self, spectrum=spectrum)
+
+    def with_frequency_scale(self, frequency_scale: tuple[float, ...] | None) -> Rotary:
+        """The same rotation with its frequencies times ``frequency_scale`` (checked), or without."""
+        s = self.spectrum
+        spectrum = Spectrum(
+            self.scaling, self.rotary_dim, self.base, self.max_position, s.fixed, frequency_scale
+        )
         return replace(self, spectrum=spectrum)

@@ -12,6 +12,11 @@ every axis the spectrum of ``rotary_dim / axes`` features (EVA-02, rotary-embedd
 axial frequencies), which is every ``axes``-th frequency of the whole spectrum; "alternating"
 deals the whole spectrum out in turn (Pixtral: rows take the even frequencies, columns the odd).
 So pair ``j`` turns by ``positions[stream(j)] * theta_{frequency(j)}``, and nothing else changes.
+
+That map, one stream and one frequency per pair, is the whole specification: M-RoPE and axial
+RoPE are named cases of it, and any other assignment (ERNIE 4.5-VL's height and width pairs
+alternating before time's, Bailing's, XD-RoPE's four streams) is given as the map itself.
+A map that is a named case is built as that case, so both spellings are one rotation.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["AXIAL", "Sections", "axial_sections", "check_sections"]
+__all__ = ["AXIAL", "Sections", "axial_sections", "check_sections", "check_stream_map"]
 
 #: How axial RoPE shares the spectrum out among the axes.
 AXIAL = ("blocks", "alternating")
@@ -28,7 +33,8 @@ AXIAL = ("blocks", "alternating")
 
 class Sections:
     """Which stream and which frequency each pair follows, and how per-stream tables are put
-    back in pair order. ``kind``: "contiguous" or "interleaved" (M-RoPE), or one of ``AXIAL``."""
+    back in pair order. ``kind``: "contiguous" or "interleaved" (M-RoPE), one of ``AXIAL``, or
+    "map" (any other assignment); ``sizes``: pairs per stream."""
 
     __slots__ = (
         "freq_of", "frequency_indices", "kind", "pairs_of", "pieces", "reordered", "sizes", "stream_of",
@@ -58,11 +64,14 @@ class Sections:
     def axial(self) -> bool:
         return self.kind in AXIAL
 
+    def _key(self) -> tuple[Any, ...]:  # the rotation itself, whichever way it was spelled
+        return (len(self.sizes), self.stream_of, self.freq_of)
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sections) and (self.kind, self.sizes) == (other.kind, other.sizes)
+        return isinstance(other, Sections) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((self.kind, self.sizes))
+        return hash(self._key())
 
     def assemble(self, xp: Any, parts: Sequence[Any]) -> Any:
         """Per-stream tables ``(..., len(pairs_of[s]))`` back into one ``(..., pairs)`` table."""
@@ -148,6 +157,59 @@ def check_sections(value: Any, interleaved: Any, rotary_dim: int) -> Sections | 
                 f"{stream + count}, ... ({size} of them), which runs past the {pairs} pairs; give it fewer"
             )
     return sections(tuple(sizes), interleaved)
+
+
+def check_stream_map(pair_streams: Any, pair_frequencies: Any, rotary_dim: int) -> Sections:
+    """``pair_streams`` (and ``pair_frequencies``) checked against ``rotary_dim``: one entry per
+    pair, the position stream it follows (two or more streams; a stream no pair follows is a
+    row of the positions that is not read) and the spectrum index of its frequency (default:
+    its own). Built as M-RoPE or axial RoPE where it is one of them."""
+    pairs = rotary_dim // 2
+    stream_of = _per_pair(pair_streams, "pair_streams", pairs, pairs, "a position stream")
+    count = max(stream_of) + 1
+    if count < 2:
+        raise ValueError(
+            "pair_streams puts every pair on stream 0, which is plain RoPE; leave pair_streams out, "
+            "or name two or more streams"
+        )
+    freq_of = (
+        tuple(range(pairs))
+        if pair_frequencies is None
+        else _per_pair(pair_frequencies, "pair_frequencies", pairs, pairs, "an index into the spectrum")
+    )
+    sizes = tuple(stream_of.count(s) for s in range(count))
+    for named in _named_cases(sizes, rotary_dim):
+        if (named.stream_of, named.freq_of) == (stream_of, freq_of):
+            return named
+    return Sections("map", sizes, stream_of, freq_of)
+
+
+def _per_pair(value: Any, name: str, pairs: int, bound: int, what: str) -> tuple[int, ...]:
+    if value is None or isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{name} must be a sequence of ints, one per frequency pair ({pairs}), not {value!r}")
+    items = list(value)
+    if len(items) != pairs:
+        raise ValueError(
+            f"{name} has {len(items)} entries but this RoPE has {pairs} frequency pairs "
+            "(rotary_dim // 2); give one per pair"
+        )
+    out = []
+    for item in items:
+        if isinstance(item, bool) or not hasattr(item, "__index__") or not 0 <= int(item) < bound:
+            raise ValueError(f"{name} must hold ints from 0 to {bound - 1} ({what} per pair), got {item!r}")
+        out.append(int(item))
+    return tuple(out)
+
+
+def _named_cases(sizes: tuple[int, ...], rotary_dim: int) -> list[Sections]:
+    """The named cases with these pairs per stream: contiguous, interleaved, axial."""
+    count, pairs = len(sizes), rotary_dim // 2
+    named = [sections(sizes, False)]
+    if all(stream + count * (size - 1) < pairs for stream, size in enumerate(sizes[1:], start=1) if size):
+        named.append(sections(sizes, True))
+    if len(set(sizes)) == 1:
+        named += [axial_sections(count, kind, rotary_dim) for kind in AXIAL]
+    return named
 
 
 def _assignment(sizes: tuple[int, ...], interleaved: bool) -> tuple[int, ...]:

@@ -155,9 +155,8 @@ class PositionTables:
             work = xp.float64 if ctx.env.float64 else xp.float32
             with float64_scope(xp) if ctx.env.float64 else contextlib.nullcontext():
                 length = xp.astype(largest, work) + 1.0  # in floats: + 1 cannot wrap
-                inv_freq = rotary.scaling.device_frequencies(
-                    xp, length, rotary.rotary_dim, rotary.base, exponents=self._exponents(work)
-                )
+                powers, factors = self._exponents(work)
+                inv_freq = rotary.spectrum.device_frequencies(xp, length, exponents=powers, factors=factors)
             long_tables = self._each_stream(
                 seq,
                 inv_freq,
@@ -173,17 +172,21 @@ class PositionTables:
             is_long, long_tables[1], short_tables[1]
         )
 
-    def _exponents(self, dtype: Any) -> Any:
-        """-2i / rotary_dim per pair on the device, made there once (a copy per call could not be
-        replayed by a CUDA graph)."""
+    def _exponents(self, dtype: Any) -> tuple[Any, Any]:
+        """-2i / rotary_dim per pair, and the frequency scale (None without one), on the device:
+        made there once (a copy per call could not be replayed by a CUDA graph)."""
         ctx, rotary_dim = self.ctx, self.rotary.rotary_dim
+        given = self.rotary.spectrum.frequency_scale
 
         def build() -> tuple[Any, Any]:
             values = ctx.xp.asarray(exponents(rotary_dim), dtype=dtype, device=ctx.device)
-            return values, values
+            return values, values if given is None else ctx.xp.asarray(given, dtype=dtype, device=ctx.device)
 
-        key = ("exponents", rotary_dim, dtype)
-        return table_cache.constant(ctx.xp, ctx.env, key, build, nbytes=8 * rotary_dim, traced=ctx.traced)[0]
+        key = ("exponents", rotary_dim, dtype, given)
+        powers, factors = table_cache.constant(
+            ctx.xp, ctx.env, key, build, nbytes=8 * rotary_dim, traced=ctx.traced
+        )
+        return powers, None if given is None else factors
 
     def _each_stream(
         self,

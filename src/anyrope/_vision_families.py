@@ -1,11 +1,11 @@
 """How the vision towers of transformers' multimodal models rotate: data, in one place.
 
-One record per vision config ``model_type`` (transformers 5.23) whose rotary module takes
-``(x, position_ids)`` with one position per axis (``rope_type="axial"``): which frequencies each
-axis gets, how features pair, how many axes, where the head width comes from, and what anyrope
-cannot express. Gathered by reading each family's vision rotary module and its apply function;
-the ``peers`` test session checks every record against transformers. Read by
-:mod:`anyrope._hf_vision`.
+One record per vision config ``model_type`` (transformers 5.24, whose new vision towers do not
+rotate) whose rotary module takes ``(x, position_ids)`` with one position per axis
+(``rope_type="axial"``): which frequencies each axis gets, how features pair, how many axes,
+where the head width comes from, and what anyrope cannot express. Gathered by reading each
+family's vision rotary module and its apply function; the ``peers`` test session checks every
+record against transformers. Read by :mod:`anyrope._hf_vision`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ class VisionFamily:
     """How one vision tower rotates.
 
     ``frequencies``: :class:`~anyrope.RoPE`'s ``axial_frequencies``, "blocks" (each axis the
-    spectrum of a RoPE over ``rotary_dim / axes`` features) or "alternating" (Pixtral). ``layout``:
+    spectrum of a RoPE over ``rotary_dim / axes`` features) or "alternating" (Pixtral); or
+    "blocks, pairs alternating": the frequencies of "blocks", but the pairs take the axes in
+    turn rather than in contiguous shares (Kimi-K2.5), a stream map. ``layout``:
     the pairing of the family's apply function. ``axes``: positions per patch. ``base``: the
     theta of the family's config class, where a config gives none. ``partial``: each
     axis rotates ``2 * ((head_dim // axes) // 2)`` features and the rest of the head passes
@@ -85,10 +87,7 @@ VISION_FAMILIES = (
     V("inkling2_vision", layout="interleaved"),
     V(
         "kimi_k25_vision",
-        unsupported=(
-            "its pairs alternate between the width and height axes, each pair with the frequencies "
-            "of half the head, which neither axial_frequencies='blocks' nor 'alternating' describes"
-        ),
+        frequencies="blocks, pairs alternating",
     ),
     V("lfm3_vl_vision", base=1000000.0),
     V("minimax_m3_vl_vision", axes=3, partial=True),

@@ -219,19 +219,21 @@ def layouts(head_dim: int = 8) -> Any:
 
 def mrope_sections(head_dim: int = 128) -> Any:
     """Which position stream each frequency pair follows: Qwen2-VL's contiguous sections,
-    Qwen3-VL's interleaved streams and NeoMME's alternating rows and columns, each read from
-    the model family's config by :meth:`anyrope.RoPE.from_hf_config`."""
+    Qwen3-VL's interleaved streams, ERNIE 4.5-VL's alternating height and width before time, and
+    NeoMME's alternating rows and columns, each read from the model family's config by
+    :meth:`anyrope.RoPE.from_hf_config` (its :attr:`~anyrope.RoPE.pair_streams`)."""
     plt = _pyplot()
     models: list[tuple[str, dict[str, Any]]] = [
         ("Qwen2-VL: contiguous mrope_section [16, 24, 24]", {"model_type": "qwen2_vl_text"}),
         ("Qwen3-VL: interleaved, mrope_section [24, 20, 20]", {"model_type": "qwen3_vl_text"}),
+        ("ERNIE 4.5-VL: height and width alternate, then time", {"model_type": "ernie4_5_vl_moe_text"}),
         (
             "NeoMME: rows and columns alternate",
             {"model_type": "neomme", "rope_parameters": {"rope_theta": 1e4}},
         ),
     ]
     colours = plt.get_cmap("tab10")
-    figure, axes = plt.subplots(len(models), 1, figsize=(8, 3.4), layout="constrained")
+    figure, axes = plt.subplots(len(models), 1, figsize=(8, 4.4), layout="constrained")
     for ax, (title, config) in zip(axes, models, strict=True):
         rope = RoPE.from_hf_config({"head_dim": head_dim, **config})
         for pair, stream in enumerate(rope.pair_streams):

@@ -18,10 +18,12 @@ Encoders run the forward only; encoder-decoders run the decoder on a fixed promp
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
+import anyrope
 from anyrope._families import FAMILIES, Family
 
 torch = pytest.importorskip("torch")
@@ -36,7 +38,7 @@ from peers.in_model import (  # noqa: F401 - quiet_and_fast: an autouse fixture,
     quiet_and_fast,
     relative,
 )
-from peers.tiny_models import NOT_IN_MODEL
+from peers.tiny_models import NOT_IN_MODEL, tiny_model
 
 from anyrope.integrations.transformers import is_patched, remove_anyrope, use_anyrope
 
@@ -160,6 +162,20 @@ class Run(InModel):
 def test_family_in_model(family: Family) -> None:
     if family.model_type in NOT_IN_MODEL:
         pytest.skip(NOT_IN_MODEL[family.model_type])
+    _check_in_model(family)
+
+
+def test_gemma3n_kv_shared_layers_rotate_q_only() -> None:
+    """Gemma 3n's last num_kv_shared_layers layers rotate their queries only and attend to the
+    keys an earlier layer rotated and stored: the same outputs and greedy tokens under anyrope."""
+    gemma3n = next(f for f in FAMILIES if f.model_type == "gemma3n_text")
+    run = _check_in_model(dataclasses.replace(gemma3n, model_type="gemma3n_kv_shared"))
+    modes = run.model.config.kv_sharing_modes
+    assert "reuse" in modes, modes  # the variant does share keys
+    assert "store" in modes, modes
+
+
+def _check_in_model(family: Family) -> Run:
     name = family.model_type
     run = Run(family)
     stock = run.forward()
@@ -188,3 +204,38 @@ def test_family_in_model(family: Family) -> None:
     assert torch.equal(stock, restored), (
         f"{name}: remove_anyrope did not restore the stock outputs bit for bit"
     )
+    return run
+
+
+@pytest.mark.parametrize("model_type", ["lara_mini", "dory"])
+def test_layers_rotate_as_in_the_model(model_type: str) -> None:
+    """``layers_from_hf_config`` of the model's config, and of its saved form (``to_dict()``:
+    Dory's lists an "mlp" block after every layer), against the tables each layer's attention is
+    handed: None for LARA-mini's full-attention (NoPE) and linear-attention layers, and Dory's
+    per-layer-type thetas."""
+    model = tiny_model(model_type)
+    handed: dict[int, Any] = {}
+
+    def record(index: int) -> Any:
+        def hook(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+            handed.setdefault(index, kwargs["position_embeddings"])
+
+        return hook
+
+    for index, layer in enumerate(model.model.layers):
+        attention = getattr(layer, "self_attn", None)
+        if attention is not None:
+            attention.register_forward_pre_hook(record(index), with_kwargs=True)
+    positions = torch.tensor([[0, 1, 2, 3, 500, 501]])
+    model(torch.arange(3, 9)[None], position_ids=positions)
+    count = len(model.model.layers)
+    for config in (model.config, model.config.to_dict()):
+        ropes = anyrope.RoPE.layers_from_hf_config(config)
+        assert [rope is not None for rope in ropes] == [handed.get(i) is not None for i in range(count)]
+        for index, rope in enumerate(ropes):
+            if rope is None:
+                continue
+            cos, sin = rope.cos_sin(positions, like=handed[index][0])
+            for ours, theirs in zip((cos, sin), handed[index], strict=True):
+                # float32 angles at position 501: off by up to 501 * 2**-24 = 3e-5 rad
+                torch.testing.assert_close(torch.cat((ours, ours), -1), theirs, rtol=0, atol=1e-4)

@@ -25,7 +25,7 @@ What the family does in the attention code around the apply function is done her
 does it (read it): Phi, Persimmon, StableLM and GPT-NeoX-Japanese rotate the first
 ``rotary_ndims`` features of the attention module (built on the meta device to read them); the
 DeepSeek-style multi-head latent attention families rotate a separate ``qk_rope_head_dim``
-tensor; GPT-J and CodeGen gather sin/cos from the attention module's sinusoid table; RoFormer
+tensor; GPT-J and CodeGen gather (sin, cos) from their rotary module's sinusoid table; RoFormer
 looks positions up in its sinusoidal embedding.
 """
 
@@ -105,7 +105,8 @@ class Spec:
     apply: str = "apply_rotary_pos_emb"
     # "qk": apply(q, k, cos, sin) on (b, h, s, d); "single": apply(x, cos, sin, unsqueeze_dim=1);
     # "complex_bhsd" / "complex_bshd": apply(q, k, freqs_cis) (DeepSeek-V2, Llama 4);
-    # "gptj": the attention's sinusoid table, apply(x, sin, cos) on (b, s, h, d); "roformer".
+    # "gptj": (sin, cos) from the rotary module's sinusoid table, apply(x, sin, cos) on (b, s, h, d); "roformer";
+    # "clvp": angles of positions 0.. from the rotary module, apply(q, k, v, cos, sin, position_ids).
     kind: str = "qk"
     attention: str | None = None  # attention class whose forward slices q[..., :rotary_ndims]
     permutes: bool = False  # the apply writes its output as cat(evens, odds) (DeepSeek's *_interleave)
@@ -117,6 +118,8 @@ _INTERLEAVE = "apply_rotary_pos_emb_interleave"
 SPECS: dict[str, Spec] = {
     # served by LlamaModel (no modeling file of their own)
     "internlm3": Spec(module="llama", rotary="LlamaRotaryEmbedding"),
+    "exaone": Spec(module="llama", rotary="LlamaRotaryEmbedding"),
+    "sarvam_moe": Spec(module="glm4_moe"),
     "iquestcoder": Spec(module="llama", rotary="LlamaRotaryEmbedding"),
     # modules with several rotary classes: the one the text model builds
     "deepseek_ocr2_text": Spec(rotary="DeepseekOcr2TextRotaryEmbedding"),
@@ -144,6 +147,9 @@ SPECS: dict[str, Spec] = {
     "glm_moe_dsa": Spec(apply=_INTERLEAVE, permutes=True),
     "longcat_flash": Spec(apply=_INTERLEAVE, permutes=True),
     "mistral4": Spec(apply=_INTERLEAVE, permutes=True),
+    "mistral_large4_text": Spec(apply=_INTERLEAVE, permutes=True),  # (alpha at its init: exp(0) = 1)
+    "clvp_encoder": Spec(module="clvp", rotary="ClvpRotaryPositionalEmbedding", kind="clvp"),
+    "sarvam_mla": Spec(module="deepseek_v3", apply=_INTERLEAVE, permutes=True),
     "youtu": Spec(apply=_INTERLEAVE, permutes=True),
     # Gemma 3n rotates q and k in separate calls (on (b, s, h, d) with unsqueeze_dim=2; the same
     # here on (b, h, s, d) with unsqueeze_dim=1)
@@ -186,6 +192,11 @@ SPECS: dict[str, Spec] = {
     # the rotary module builds no frequencies for it): give the model one layer of each type
     "laguna": Spec(config={"num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"]}),
     "mellum": Spec(config={"num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"]}),
+    # its "main" parameters serve sliding layers, which the default config has none of
+    "deepseek_v4": Spec(
+        kind="single",
+        config={"num_hidden_layers": 2, "layer_types": ["sliding_attention", "heavily_compressed_attention"]},
+    ),
     "zaya": Spec(
         config={"num_hidden_layers": 2, "layer_types": ["hybrid", "hybrid_sliding"], "sliding_window": 128}
     ),
@@ -202,6 +213,12 @@ VARIANTS: dict[str, list[tuple[str, Spec]]] = {
     name: [("rope_interleave=False", Spec(config={"rope_interleave": False}))]
     for name in ("axk1", "deepseek_v3", "glm4_moe_lite", "mistral4", "youtu")
 }
+VARIANTS["sarvam_mla"] = [
+    ("rope_interleave=False", Spec(module="deepseek_v3", config={"rope_interleave": False}))
+]
+VARIANTS["sarvam_moe"] = [
+    ("partial_rotary_factor=0.5", Spec(module="glm4_moe", config={"partial_rotary_factor": 0.5}))
+]
 VARIANTS["gpt_neox_japanese"] = [
     ("rotary_pct=0.5", Spec(attention="GPTNeoXJapaneseAttention", config={"rotary_pct": 0.5}))
 ]
@@ -244,7 +261,7 @@ REFUSED_CONFIG: dict[str, dict[str, Any]] = {}
 # so that a fix shows up as an XPASS to remove the entry.
 DISAGREEMENTS: dict[str, str] = {
     "phimoe/longrope": (
-        "past original_max_position_embeddings transformers 5.23's PhimoeRotaryEmbedding.forward "
+        "past original_max_position_embeddings transformers 5.24's PhimoeRotaryEmbedding.forward "
         "takes long_mscale but recomputes inv_freq without the length, so with short_factor; anyrope "
         "rotates with long_factor there, as LongRoPE does and as vLLM pairs them (long_factor with long_mscale)"
     ),
@@ -355,7 +372,8 @@ def _family_head_dim(case: Case, config: Any) -> int:
     if case.layer_type is not None and getattr(config, "per_layer_config", None) is not None:
         # heterogeneous configs: a layer of that type's (layers of one type may differ in keys
         # that do not rotate, as NeoMME's sliding windows do, which transformers' view refuses)
-        config = config.per_layer_config[config.layer_types.index(case.layer_type)]
+        keys = [family.rope_keys.get(kind, kind) for kind in config.layer_types]  # DeepSeek-V4's labels
+        config = config.per_layer_config[keys.index(case.layer_type)]
     if family.width == "mla":  # latent attention rotates a separate qk_rope_head_dim tensor
         return int(config.qk_rope_head_dim)
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
@@ -385,14 +403,11 @@ def _family_rotate(case: Case, config: Any, q: Any, k: Any, position_ids: Any) -
     spec = case.spec
     module = _module_of(case.model_type, spec)
     if spec.kind == "gptj":  # GPTJAttention.forward / CodeGenAttention.forward, on (b, s, h, d)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            attention = getattr(module, spec.attention)(config, layer_idx=0)
-        sincos = attention.embed_positions[position_ids].to(q.dtype)  # GPT-J: gather(table.repeat(b, 1, 1))
-        sin, cos = torch.split(sincos, sincos.shape[-1] // 2, dim=-1)
+        sin, cos = _rotary_class(module, spec)(config)(q, position_ids)  # (sin, cos), since 5.24
+        rotary_dim = _on_meta(getattr(module, spec.attention), config).rotary_dim
         rotated = []
         for x in (q.transpose(1, 2), k.transpose(1, 2)):
-            x_rot, x_pass = x[..., : attention.rotary_dim], x[..., attention.rotary_dim :]
+            x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
             x = torch.cat([module.apply_rotary_pos_emb(x_rot, sin, cos), x_pass], dim=-1)
             rotated.append(x.transpose(1, 2))
         return rotated[0], rotated[1]
@@ -401,6 +416,15 @@ def _family_rotate(case: Case, config: Any, q: Any, k: Any, position_ids: Any) -
         embedding.weight.copy_(embedding.create_weight())  # as RoFormerPreTrainedModel._init_weights does
         sinusoidal_pos = embedding(q.shape[:2], position_ids=position_ids)[:, None]  # (b, 1, s, d)
         return module.RoFormerSelfAttention.apply_rotary_position_embeddings(sinusoidal_pos, q, k)
+    if spec.kind == "clvp":  # ClvpSelfAttention.forward: the first rotary_emb_dim features of q, k (and v)
+        length = int(position_ids.max()) + 1  # its table covers positions 0 .. seq - 1 of hidden_states
+        angles = _rotary_class(module, spec)(config)(q.new_zeros(1, length, 1))
+        width = angles.shape[-1]
+        cos, sin = angles.cos().squeeze(0), angles.sin().squeeze(0)
+        q_rot, k_rot, _ = module.apply_rotary_pos_emb(
+            q[..., :width], k[..., :width], k[..., :width], cos, sin, position_ids
+        )
+        return torch.cat([q_rot, q[..., width:]], dim=-1), torch.cat([k_rot, k[..., width:]], dim=-1)
     rotary = _rotary_class(module, spec)(config)
     emb = rotary(q, position_ids) if case.layer_type is None else rotary(q, position_ids, case.layer_type)
     return _apply(case, module, config, emb, q, k)

@@ -132,17 +132,34 @@ def test_sin_cos_table_families(model_type: str) -> None:
     names = {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "vocab_size": 128, "n_positions": 256}
     config = transformers.CONFIG_MAPPING[model_type](**names)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    table = next(m.embed_positions for m in model.modules() if hasattr(m, "embed_positions"))
-    before = table.clone()
+    # transformers 5.24 moved the sinusoid table into a rotary module returning (sin, cos), one
+    # column per pair: use_anyrope patches that module's forward and leaves its table alone
+    rotary = model.transformer.rotary_emb
+    before = rotary.embed_positions.clone()
     ids, mask = _batch()
     stock = _logits(model, ids, mask)
     stock_tokens = _generate(model, ids, mask)
     use_anyrope(model)
-    assert not torch.equal(table, before)  # the table the model holds now has anyrope's values
+    assert is_patched(rotary)
+    assert torch.equal(rotary.embed_positions, before)
     torch.testing.assert_close(_logits(model, ids, mask), stock, rtol=0, atol=LOGITS_ATOL)
     assert torch.equal(_generate(model, ids, mask), stock_tokens)
+    # past the stock table's 256 rows: anyrope's angles, (sin, cos) of rotary_dim / 2 columns
+    x = torch.zeros(1, 1, 64, dtype=torch.bfloat16)
+    sin, cos = rotary(x, torch.tensor([[300, 1000]]))
+    exponents = -torch.arange(4, dtype=torch.float64) / 4
+    angles = torch.tensor([300.0, 1000.0], dtype=torch.float64)[:, None] * 10000.0**exponents
+    want = {"cos": angles.cos(), "sin": angles.sin()}
+    expected_dtype = torch.float32 if model_type == "codegen" else torch.bfloat16  # CodeGen keeps float32
+    for name, table in (("sin", sin), ("cos", cos)):
+        assert table.dtype == expected_dtype
+        assert table.shape == (1, 2, 4)
+        # exact angles rounded once: |value| <= 1, bfloat16 within 2**-8, float32 within 2**-24
+        tolerance = 2**-8 if table.dtype == torch.bfloat16 else 2**-23
+        torch.testing.assert_close(table[0].double(), want[name], rtol=0, atol=tolerance)
     remove_anyrope(model)
-    assert torch.equal(table, before)
+    assert not is_patched(rotary)
+    torch.testing.assert_close(_logits(model, ids, mask), stock, rtol=0, atol=0)
 
 
 def test_refuses_a_model_without_rotary() -> None:
@@ -163,6 +180,29 @@ def test_refuses_a_family_it_cannot_express_and_patches_nothing() -> None:
     with pytest.raises(ValueError, match="different position streams"):
         use_anyrope(model)
     assert not any(is_patched(m) for m in model.modules())
+
+
+def test_learned_frequency_scale_is_read_at_patch_time() -> None:
+    """Mistral Large 4's rotary module scales its frequencies by exp(alpha), a weight: the patched
+    module turns by the alpha it had when patched, and says so when alpha could still train."""
+    from peers.tiny_models import tiny_model
+
+    model = tiny_model("mistral_large4_text")  # alpha drawn away from its init of 0
+    rotary = next(m for name, m in model.named_modules() if name.endswith("rotary_emb"))
+    use_anyrope(model)
+    (rope,) = rotary._anyrope_rotary.ropes.values()
+    want = tuple(float(v) for v in rotary.alpha.detach().double().exp())
+    assert rope.frequency_scale == want
+    assert len(set(want)) > 1
+    remove_anyrope(model)
+    model.train()
+    with pytest.warns(UserWarning, match=r"rotary_emb\.alpha once, now: training it changes nothing"):
+        use_anyrope(model)
+    remove_anyrope(model)
+    rotary.alpha.requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # frozen: nothing to say
+        use_anyrope(model)
 
 
 def test_m_rope_model_takes_text_and_image_positions() -> None:

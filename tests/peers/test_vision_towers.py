@@ -1,4 +1,4 @@
-"""Vision towers (``rope_type="axial"``) through ``use_anyrope``, against transformers 5.23.
+"""Vision towers (``rope_type="axial"``) through ``use_anyrope``, against transformers 5.24.
 
 * Every vision rotary module of ``anyrope._vision_families`` (built from its family's default
   vision config): where anyrope expresses it, ``use_anyrope`` patches it and its tables equal the
@@ -163,6 +163,7 @@ IN_MODEL = [
     "glm4v",
     "glm4v_moe",
     "glm_ocr",
+    "ernie4_5_vl_moe",
 ]
 VISION = {
     "depth": 1,
@@ -206,7 +207,7 @@ def _vision_language_model(model_type: str) -> torch.nn.Module:
 def _inputs(model: torch.nn.Module) -> dict[str, Any]:
     config, vision = model.config, model.config.vision_config
     grid = torch.tensor([GRID])
-    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    patch = vision.in_channels * getattr(vision, "temporal_patch_size", 1) * vision.patch_size**2  # ERNIE: 1
     pixels = torch.randn(int(grid.prod()), patch, generator=torch.Generator().manual_seed(1))
     image = [config.image_token_id] * (int(grid.prod()) // vision.spatial_merge_size**2)
     start = getattr(config, "vision_start_token_id", None) or getattr(config, "image_start_token_id", None)
@@ -221,7 +222,8 @@ def test_vision_language_model_with_an_image(model_type: str) -> None:
     model = _vision_language_model(model_type)
     inputs = _inputs(model)
     stock = model(**inputs).logits
-    visual = model.model.visual.rotary_pos_emb
+    tower = getattr(model.model, "visual", None) or model.model.vision_tower  # ERNIE 4.5-VL: vision_tower
+    visual = tower.rotary_pos_emb
 
     def swapped(x: torch.Tensor, position_ids: torch.Tensor) -> Any:  # rows and columns swapped
         return type(visual).forward(visual, x, position_ids.flip(-1))

@@ -153,7 +153,8 @@ _QWEN3_5 = {
 #: sub-config's key is merged into that sub-config's), and, starting with "_":
 #:   _model: the model class where the auto mappings have none ("module.path.Class" if not
 #:     exported); _parent: the composite model_type built instead, whose model holds this family
-#:     as a sub-module (BLT, Dia, T5Gemma); _fill: parameter-name suffix -> value after init;
+#:     as a sub-module (BLT, Dia, T5Gemma), or the family itself for a variant keyed by
+#:     another name (gemma3n_kv_shared); _fill: parameter-name suffix -> value after init;
 #:     _normal: parameter-name suffixes drawn from N(0, initializer_range) after init (weights
 #:     the model's own init leaves as torch.empty);
 #: and for test_families.py: _seed (the prompt's), _generate (False: the model's generate does not
@@ -185,6 +186,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
             "num_res_blocks": 1,
         },
     },
+    # CLVP rotates max(projection_dim // (2 * heads), 32) features (at least 32): a wider head
+    "clvp_encoder": {"_model": "ClvpEncoder", "hidden_size": 256, "head_dim": 64, "projection_dim": 128},
     "codegen": {"hidden_size": 128, "rotary_dim": 8},  # GPT-J/CodeGen: rotary_dim 64 of head 256
     "cohere2": {"layer_types": _SW},
     "cohere2_moe": {"layer_types": _SW},
@@ -201,11 +204,21 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "deepseek_v2": _MLA,
     "deepseek_v3": _MLA,
     "deepseek_v32": _MLA,
+    # a sliding layer ("main" table) and a compressed one ("compress"); values rotated, outputs
+    # turned back by the model's own code from the patched tables
+    "deepseek_v4": {"layer_types": ["sliding_attention", "heavily_compressed_attention"]},
     # Dia generates audio codes with its own generate; the forward is compared
     "dia_decoder": _DIA,
     "dia_encoder": _DIA,
     # DSA layers: MLA head 256 with a 64-wide rope slice, scaled to 32 / 8; the sliding layers'
     # own MLA shapes (64 heads, head 256 = nope 192 + rope 64) scaled to 4 heads, 32 = 24 + 8
+    # an input, a recurrent (run twice, at the same positions) and an output layer
+    "dory": {
+        "num_hidden_layers": 3,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "n_input_layers": 1,
+        "n_output_layers": 1,
+    },
     "dots3_note_text": {
         **_MLA,
         "head_dim": 32,
@@ -241,11 +254,23 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "resampler_dim_head": 16,
         "resampler_num_latents": 8,
     },
+    "ernie4_5_vl_moe_text": {  # [height, width, time], as [22, 22, 20]; experts (text, vision)
+        "rope_parameters": _mrope([3, 3, 2], 500000.0),
+        "moe_intermediate_size": [32, 32],
+        "_model": "ernie4_5_vl_moe.modeling_ernie4_5_vl_moe.Ernie4_5_VLMoeTextModel",
+    },
     "exaone4": {"layer_types": _SW},
     "exaone_moe": {"layer_types": _SW},
     "flint": {"layer_types": _SW},
     "gemma3_text": {"layer_types": _SW},
     "gemma3n_text": {"layer_types": _SW, "num_kv_shared_layers": 0},
+    # test_families.py's variant: layers 2 and 3 reuse the keys layers 0 and 1 rotated and stored
+    "gemma3n_kv_shared": {
+        "_parent": "gemma3n_text",
+        "num_hidden_layers": 4,
+        "layer_types": _SW * 2,
+        "num_kv_shared_layers": 2,
+    },
     "glm4_moe_lite": _MLA,
     "glm4v_moe_text": {**_GLM4V, "hidden_size": 64, "head_dim": 32},
     "glm4v_text": _GLM4V,
@@ -264,7 +289,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "granitemoehybrid": {"position_embedding_type": "rope", "layer_types": ["mamba", "attention"]},
     "hunyuan_v1_moe": {"_seed": 2},  # seed 1's prompt has a greedy step with a top-2 margin of 8e-5
     "hy_v4": _MLA,
+    # interleaved sections [12, 10, 10] of 32 pairs scaled to qk_rope_head_dim 8: 4 pairs t, h, w, t
+    "hy_v4_vl_text": {**_MLA, "rope_parameters": _mrope([2, 1, 1], 10000.0)},
     "kolibri1": {"layer_types": _SW},
+    # one of each layer type: linear attention (GatedDeltaNet), sliding (rotates), full (NoPE)
+    "lara_mini": {
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "sliding_attention", "full_attention"],
+    },
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
     "lfm3": {"layer_types": _SW},
     "llama4_text": {"no_rope_layers": [1, 0], "layer_types": ["chunked_attention", "full_attention"]},
@@ -272,6 +304,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "mimo_v2_flash": {"head_dim": 48},  # rotates int(0.334 * head_dim): 64 of 192, 16 of 48
     "minicpm3": _MLA,
     "mistral4": {**_MLA, "_model": "Mistral4ForCausalLM"},
+    # its learned frequency scale exp(alpha) drawn away from 1 (its init is 0), so it shows
+    "mistral_large4_text": {"num_key_value_heads": 4, "_normal": ("rotary_emb.alpha",)},
     "mllama_text_model": {"_model": "MllamaForCausalLM"},
     "moonshine": {
         "_model": "MoonshineForConditionalGeneration",
@@ -336,6 +370,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "indexer_compress_ratio": 2,
     },
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    "sarvam_mla": _MLA,
     "smollm3": {"no_rope_layers": [1, 0]},
     "step3p5": {
         "_model": "Step3p7TextModel",

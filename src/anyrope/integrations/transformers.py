@@ -17,9 +17,9 @@ patched.
 
 Each rotary module is checked when it is patched: its own tables at a few positions must equal
 anyrope's, which also tells which of the families' table formats it uses (``cat(c, c)``, pairs
-repeated, compact, or complex ``freqs_cis``, and for vision towers which axis comes first). A
-model whose rotation anyrope reads differently is refused with the difference, never silently
-changed.
+repeated, compact, compact as ``(sin, cos)``, or complex ``freqs_cis``, and for vision towers
+which axis comes first). A model whose rotation anyrope reads differently is refused with the
+difference, never silently changed.
 
 >>> from anyrope.integrations.transformers import use_anyrope  # doctest: +SKIP
 >>> model = use_anyrope(AutoModelForCausalLM.from_pretrained(name))  # doctest: +SKIP
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ import torch
 from array_api_compat import torch as torch_namespace
 
 from .._dtypes import isdtype
+from .._families import family_of
+from .._hf import UnknownFamilyWarning
 from .._rope import RoPE
 
 __all__ = ["is_patched", "remove_anyrope", "use_anyrope"]
@@ -53,7 +56,9 @@ _PROBE_TOLERANCE = 1e-4
 class _Format:
     """How a family's rotary module lays out its tables."""
 
-    expand: str  # "cat": cat(c, c); "repeat": each column twice; "compact": c; "complex": c + i s
+    # "cat": cat(c, c); "repeat": each column twice; "compact": c; "sincos": c, returned as (sin,
+    # cos) (GPT-J and CodeGen since transformers 5.24); "complex": c + i s
+    expand: str
     dtype: torch.dtype | None  # of cos and sin: None for x's dtype, else always this one
     # vision towers: position_ids' axes in anyrope's stream order (their tables may put width
     # first), and the unit axes the module puts in front of its tables (SAM 2's memory attention)
@@ -80,6 +85,8 @@ def _expand(table_format: _Format, cos: torch.Tensor, sin: torch.Tensor) -> Any:
         return torch.repeat_interleave(cos, 2, dim=-1), torch.repeat_interleave(sin, 2, dim=-1)
     if table_format.expand == "complex":
         return torch.complex(cos, sin)
+    if table_format.expand == "sincos":
+        return sin, cos
     return cos, sin
 
 
@@ -117,6 +124,75 @@ def _patch_table(name: str, module: torch.nn.Module, attribute: str, rope: RoPE)
             f"(max difference {diff:.3g} at positions 0..{_PROBE_LENGTH - 1}): anyrope leaves this model alone"
         )
     return ours
+
+
+@dataclass
+class _AnglePatch:
+    rope: RoPE
+
+
+def _angle_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """Modules that return the angles of positions 0 .. seq - 1 from ``forward(hidden_states)``,
+    as ``cat(freqs, freqs)`` with a batch axis of one, leaving cos and sin to the attention (CLVP)."""
+    for name, module in model.named_modules():
+        if not type(module).__name__.endswith("RotaryPositionalEmbedding"):
+            continue
+        if list(inspect.signature(type(module).forward).parameters)[1:] == ["hidden_states"]:
+            yield name, module
+
+
+def _angles(rope: RoPE, length: int, like: torch.Tensor) -> torch.Tensor:
+    """anyrope's angles of positions 0 .. length - 1, reduced to (-pi, pi] from its exact tables:
+    their cos and sin, which the model takes, are anyrope's tables to a rounding of like's dtype."""
+    positions = torch.arange(length, device=like.device)
+    cos, sin = rope.cos_sin(positions, like=like)
+    angles = torch.atan2(sin, cos)
+    return torch.cat((angles, angles), dim=-1)[None]
+
+
+def _patch_angles(name: str, module: torch.nn.Module, rope: RoPE) -> _AnglePatch:
+    """The patch of an angle module, after checking that its angles give anyrope's tables."""
+    x = torch.zeros((1, _PROBE_LENGTH, 1), device=_probe_device(module))
+    with torch.no_grad():
+        stock = type(module).forward(module, x)
+    ours = _angles(rope, _PROBE_LENGTH, stock)
+    if ours.shape != stock.shape:
+        raise ValueError(
+            f"the rotary module {name} makes angles of shape {tuple(stock.shape)}, but anyrope's {rope!r} "
+            f"makes {tuple(ours.shape)} from the same config: anyrope leaves it alone"
+        )
+    diff = max(float((f(ours) - f(stock)).abs().max()) for f in (torch.cos, torch.sin))
+    if diff > _PROBE_TOLERANCE:
+        raise ValueError(
+            f"the rotary module {name} turns by other angles than anyrope's {rope!r} from the same config "
+            f"(max difference of cos and sin {diff:.3g} at positions 0..{_PROBE_LENGTH - 1}): anyrope "
+            "leaves it alone"
+        )
+    return _AnglePatch(rope)
+
+
+def _angle_forward(patch: _AnglePatch, module: torch.nn.Module) -> Callable[..., Any]:
+    held = weakref.ref(module)  # the module holds this function: no cycle through it
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        owner = held()
+        # the dtype of the module's own frequencies, which its angles come in
+        dtype = next((b.dtype for b in owner.buffers() if b.is_floating_point()), None) if owner else None
+        like = hidden_states.new_zeros((), dtype=dtype or torch.float32)
+        return _angles(patch.rope, hidden_states.shape[1], like)
+
+    return forward
+
+
+def _nearest_config(name: str, model: torch.nn.Module) -> Any:
+    """The config of the innermost module holding ``name`` that has one (CLVP's text and speech
+    encoders each have their own)."""
+    parts = name.split(".")
+    for end in range(len(parts) - 1, -1, -1):
+        config = getattr(model.get_submodule(".".join(parts[:end])), "config", None)
+        if config is not None:
+            return config
+    raise ValueError(f"the rotary module {name} has no config, and neither has any module holding it")
 
 
 def _rotary_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
@@ -176,19 +252,27 @@ def _probe_positions(rope: RoPE, device: torch.device) -> torch.Tensor:
     length = min(_PROBE_LENGTH, rope.fixed_length or _PROBE_LENGTH)
     positions = torch.arange(length, device=device)
     steps = torch.arange(1, rope.streams + 1, device=device)
-    if rope.axial is not None:
+    if _vision_axes(rope) is not None:
         return positions[:, None] * steps % length
     if rope.streams > 1:
         return positions[None, None] * steps[:, None, None] % length
     return positions[None]
 
 
+def _vision_axes(rope: RoPE) -> int | None:
+    """Positions per patch of a vision tower's rotation (axial RoPE, or a stream map whose pairs
+    turn by frequencies of their axis: Kimi-K2.5), else None."""
+    own = tuple(range(len(rope.pair_frequencies)))
+    return rope.streams if rope.streams > 1 and rope.pair_frequencies != own else None
+
+
 def _candidates(rope: RoPE) -> Iterator[_Format]:
     axis_orders: list[tuple[int, ...] | None] = [None]
-    if rope.axial is not None:
-        axis_orders = [tuple(range(rope.axial)), tuple(reversed(range(rope.axial)))]
+    count = _vision_axes(rope)
+    if count is not None:
+        axis_orders = [tuple(range(count)), tuple(reversed(range(count)))]
     for axes in axis_orders:
-        for expand in ("cat", "repeat", "compact", "complex"):
+        for expand in ("cat", "repeat", "compact", "sincos", "complex"):
             yield _Format(expand, None, axes)
 
 
@@ -275,10 +359,11 @@ def _check_position_ids(position_ids: Any, rope: RoPE) -> None:
         raise TypeError(
             f"position_ids must be an integer tensor, got dtype {position_ids.dtype}; cast it with .long()"
         )
-    if rope.axial is not None:
-        if position_ids.ndim < 2 or position_ids.shape[-1] != rope.axial:
+    axes = _vision_axes(rope)
+    if axes is not None:
+        if position_ids.ndim < 2 or position_ids.shape[-1] != axes:
             raise ValueError(
-                f"position_ids of a vision tower must have shape (patches, {rope.axial}), one "
+                f"position_ids of a vision tower must have shape (patches, {axes}), one "
                 f"position per axis, got {tuple(position_ids.shape)}"
             )
         return
@@ -297,17 +382,51 @@ def _counterclockwise(rope: RoPE) -> RoPE:
     return rope._replace(clockwise=False) if rope.clockwise else rope
 
 
+def _learned_scale(module: torch.nn.Module, name: str, config: Any, rope: RoPE) -> RoPE:
+    """The RoPE with the frequency scale a family keeps as a weight of its rotary module, not in
+    its config (Mistral Large 4: ``exp(alpha)``), read now: the patched module rotates by the
+    values the weight has at patch time."""
+    weight_name = family_of(getattr(config, "model_type", None)).log_frequency_scale
+    if weight_name is None:
+        return rope
+    weight = getattr(module, weight_name, None)
+    if not isinstance(weight, torch.Tensor):  # a ValueError: use_anyrope leaves the module stock, saying why
+        raise ValueError(  # noqa: TRY004
+            f"the rotary module {name} has no tensor {weight_name!r}, whose exp scales this family's "
+            "frequencies: anyrope leaves it alone"
+        )
+    if weight.requires_grad and module.training:
+        warnings.warn(
+            f"use_anyrope reads {name}.{weight_name} once, now: training it changes nothing in the "
+            f"patched model's rotation. Freeze it ({weight_name}.requires_grad_(False)), or call "
+            "remove_anyrope(model) and use_anyrope(model) again after training",
+            stacklevel=4,
+        )
+    # exp in float64 of the stored values: the scale they stand for, not a float32 rounding of it
+    return rope.with_frequency_scale(weight.detach().to(torch.float64).exp())
+
+
 def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     """Make ``model`` compute its rotary cos and sin with anyrope.
 
     In place; returns the model. Every ``*RotaryEmbedding`` module whose forward takes ``(x,
     position_ids)`` (and ``layer_type`` where RoPE parameters differ by layer type) is patched
     with :meth:`anyrope.RoPE.from_hf_config` of its config, after checking that its own tables
-    equal anyrope's at positions 0..63. Families that keep a precomputed sin/cos table instead
-    (GPT-J's and CodeGen's ``embed_positions``, RoFormer's sinusoidal embedding) get anyrope's
-    table in its place, checked the same way. The model's attention code, KV cache and
-    ``generate`` are untouched; it compiles with ``torch.compile(fullgraph=True)``. Calling it
-    twice is harmless; :func:`remove_anyrope` undoes it.
+    equal anyrope's at positions 0..63 (GPT-J's and CodeGen's, since transformers 5.24, return
+    ``(sin, cos)``). Families that keep a precomputed sin/cos table elsewhere (GPT-J's and
+    CodeGen's attention before 5.24, RoFormer's sinusoidal embedding) get anyrope's table in
+    its place, checked the same way; a ``*RotaryPositionalEmbedding`` that returns angles from
+    ``forward(hidden_states)`` (CLVP) returns anyrope's, exactly reduced. The model's attention
+    code, KV cache and ``generate`` are untouched (DeepSeek-V4's and CLVP's rotate their values,
+    and DeepSeek-V4's turns outputs back, with the patched tables); it compiles with
+    ``torch.compile(fullgraph=True)``. Calling it twice is harmless; :func:`remove_anyrope`
+    undoes it.
+
+    A frequency scale a family keeps as a weight of its rotary module (Mistral Large 4's
+    ``exp(alpha)``) is read when the module is patched: the patched model turns by the weight's
+    values at that moment. Where the weight could still train (the module in training mode and
+    the weight requiring grad), a ``UserWarning`` says so; freeze it, or call
+    :func:`remove_anyrope` and ``use_anyrope`` again after training.
 
     Parameters
     ----------
@@ -316,8 +435,8 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
 
     Vision towers' rotary modules (``forward(x, position_ids)`` with ``position_ids`` of shape
     ``(patches, axes)``) are patched the same way, from their vision config. A module whose
-    config anyrope cannot express or read (Kimi-K2.5's and Gemma 4's vision towers, ERNIE
-    4.5-VL's text decoder, ...) is left stock, with a ``UserWarning`` that names it and says why.
+    config anyrope cannot express or read (Gemma 4's vision tower, SAM 3's ViT, HunYuan-VL's
+    text decoder, ...) is left stock, with a ``UserWarning`` that names it and says why.
 
     Raises
     ------
@@ -328,9 +447,14 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (a transformers model), not {type(model).__name__}")
-    modules = [(n, m) for n, m in _rotary_modules(model) if not is_patched(m)]
-    tables = [(n, m, a) for n, m, a in _table_holders(model) if not is_patched(m)]
-    if not modules and not tables:
+    rotary = dict(_rotary_modules(model))
+    modules = [(n, m) for n, m in rotary.items() if not is_patched(m)]
+    # A rotary module that keeps its table by position (GPT-J's and CodeGen's since transformers
+    # 5.24) is patched by its forward, which also serves positions past the table.
+    kept = set(rotary.values())
+    tables = [(n, m, a) for n, m, a in _table_holders(model) if m not in kept and not is_patched(m)]
+    angles = [(n, m) for n, m in _angle_modules(model) if not is_patched(m)]
+    if not modules and not tables and not angles:
         if any(is_patched(m) for _, m in model.named_modules()):
             return model
         raise ValueError(
@@ -343,10 +467,15 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     for name, module in modules:  # check every module before patching any
         config = _config_of(name, module, model)
         try:
-            ropes = {
-                lt: _counterclockwise(RoPE.from_hf_config(config, layer_type=lt))
-                for lt in _layer_types(module, config)
-            }
+            with warnings.catch_warnings():
+                # the module's own tables are compared below, and its own code pairs the features
+                warnings.simplefilter("ignore", UnknownFamilyWarning)
+                ropes = {
+                    lt: _learned_scale(
+                        module, name, config, _counterclockwise(RoPE.from_hf_config(config, layer_type=lt))
+                    )
+                    for lt in _layer_types(module, config)
+                }
         except ValueError as exc:  # a rotation anyrope cannot express, or a config it cannot read
             stock[f"{name} ({type(module).__name__})"] = str(exc)
             continue
@@ -356,6 +485,13 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
                 f"the rotary module {name} lays out its tables differently per layer type: {formats}"
             )
         patches[module] = _Patch(ropes, formats.pop())
+    for name, module in angles:
+        try:
+            rope = RoPE.from_hf_config(_nearest_config(name, model))
+        except ValueError as exc:
+            stock[f"{name} ({type(module).__name__})"] = str(exc)
+            continue
+        patches[module] = _patch_angles(name, module, rope)
     for name, module, attribute in tables:
         rope = RoPE.from_hf_config(_config_of(name, module, model))
         patches[module] = _TablePatch(attribute, _patch_table(name, module, attribute, rope))
@@ -370,6 +506,8 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
             with torch.no_grad():
                 patch.table, original = table.detach().clone(), patch.table
                 table.copy_(original)
+        elif isinstance(patch, _AnglePatch):
+            vars(module)["forward"] = _angle_forward(patch, module)
         else:
             vars(module)["forward"] = _anyrope_forward(patch)  # an instance attribute: del restores
         setattr(module, _MARK, patch)

@@ -61,8 +61,10 @@ class LayerBase:
         make: Any = cls  # a framework's layer class, whose constructor this mixin cannot see
         return make(RoPE.from_hf_config(config, layout=layout, layer_type=layer_type, layer=layer), **kwargs)
 
-    def _rotate(self, q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any) -> Any:
-        return self._rope(q, k, positions=positions, offset=offset, seq_axis=seq_axis)
+    def _rotate(
+        self, q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inverse: Any = False
+    ) -> Any:
+        return self._rope(q, k, positions=positions, offset=offset, seq_axis=seq_axis, inverse=inverse)
 
     def _extra_repr(self) -> str:  # mlx.nn.Module's repr hook; harmless elsewhere
         return repr(self._rope)
@@ -101,7 +103,20 @@ def rope_config(rope: RoPE) -> dict[str, Any]:
         "axial": rope.axial,
         "axial_frequencies": rope.axial_frequencies or "blocks",
         "xpos_scale_base": rope.xpos_scale_base,
+        "frequency_scale": _plain(rope.frequency_scale),
+        **_stream_map(rope),
         "fixed_length": rope.fixed_length,
+    }
+
+
+def _stream_map(rope: RoPE) -> dict[str, Any]:
+    """``pair_streams`` (and ``pair_frequencies``) where no named case above says them."""
+    if rope.streams == 1 or rope.mrope_section is not None or rope.axial is not None:
+        return {}
+    own = rope.pair_frequencies == tuple(range(len(rope.pair_frequencies)))
+    return {
+        "pair_streams": list(rope.pair_streams),
+        "pair_frequencies": None if own else list(rope.pair_frequencies),
     }
 
 

@@ -46,7 +46,7 @@ def unexpressed(rotary: Rotary) -> str | None:
     if rotary.xpos_scale_base is not None:
         return "xPos (it scales q and k apart)"
     if rotary.sections is not None:
-        return "M-RoPE or axial RoPE (several positions per token)"
+        return "M-RoPE, axial RoPE or another stream map (several positions per token)"
     if rotary.spectrum.length_dependent:
         return (
             f"{type(rotary.scaling).__name__}, whose frequencies follow the sequence length (fix them "

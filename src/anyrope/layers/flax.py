@@ -45,10 +45,17 @@ class RotaryEmbedding(LayerBase, nnx.Module):  # type: ignore[misc]  # nnx is An
         self.dtype = dtype
 
     def __call__(
-        self, q: Any, k: Any = None, *, positions: Any = None, offset: Any = 0, seq_axis: int = -2
+        self,
+        q: Any,
+        k: Any = None,
+        *,
+        positions: Any = None,
+        offset: Any = 0,
+        seq_axis: int = -2,
+        inverse: bool = False,
     ) -> Any:
-        """``rope(q, k, positions=..., offset=..., seq_axis=...)``: the rotated q, or (q, k)."""
+        """``rope(q, k, positions=..., offset=..., seq_axis=..., inverse=...)``: the rotated q, or (q, k)."""
         if self.dtype is not None:
             q = q.astype(self.dtype) if hasattr(q, "astype") else q  # else rope names q
             k = k.astype(self.dtype) if hasattr(k, "astype") else k
-        return self._rotate(q, k, positions, offset, seq_axis)
+        return self._rotate(q, k, positions, offset, seq_axis, inverse)

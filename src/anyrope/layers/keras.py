@@ -63,9 +63,17 @@ class RotaryEmbedding(LayerBase, keras.layers.Layer):  # type: ignore[misc]  # k
         self._rope = rotation
         self.built = True  # nothing to build: no weights
 
-    def call(self, q: Any, k: Any = None, positions: Any = None, offset: Any = 0, seq_axis: int = -2) -> Any:
-        """``rope(q, k, positions=..., offset=..., seq_axis=...)``: the rotated q, or (q, k)."""
-        return self._rotate(q, k, positions, offset, seq_axis)
+    def call(
+        self,
+        q: Any,
+        k: Any = None,
+        positions: Any = None,
+        offset: Any = 0,
+        seq_axis: int = -2,
+        inverse: bool = False,
+    ) -> Any:
+        """``rope(q, k, positions=..., offset=..., seq_axis=..., inverse=...)``: the rotated q, or (q, k)."""
+        return self._rotate(q, k, positions, offset, seq_axis, inverse)
 
     def get_config(self) -> dict[str, Any]:
         """The Layer's config and the RoPE's arguments (``"rope"``), as JSON-ready data."""

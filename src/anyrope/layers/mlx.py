@@ -54,9 +54,17 @@ class RotaryEmbedding(LayerBase, nn.Module):  # type: ignore[misc]  # nn is Any
         self._rope = make_rope(rope, options, "RotaryEmbedding")
 
     def __call__(
-        self, q: Any, k: Any = None, *, positions: Any = None, offset: Any = _UNSET, seq_axis: int = -2
+        self,
+        q: Any,
+        k: Any = None,
+        *,
+        positions: Any = None,
+        offset: Any = _UNSET,
+        seq_axis: int = -2,
+        inverse: bool = False,
     ) -> Any:
-        """``rope(q, k, positions=..., offset=..., seq_axis=...)``, or ``nn.RoPE``'s ``(x, offset)``.
+        """``rope(q, k, positions=..., offset=..., seq_axis=..., inverse=...)``, or ``nn.RoPE``'s
+        ``(x, offset)``.
 
         A second positional argument that is an int or an integer ``mx.array`` is the offset
         (``nn.RoPE``'s call, and mlx-lm's ``rope(x, offset=cache.offset)``); a floating one is k.
@@ -68,7 +76,7 @@ class RotaryEmbedding(LayerBase, nn.Module):  # type: ignore[misc]  # nn is Any
                     "integer array), so pass k as an array or drop offset="
                 )
             k, offset = None, k
-        return self._rotate(q, k, positions, 0 if offset is _UNSET else offset, seq_axis)
+        return self._rotate(q, k, positions, 0 if offset is _UNSET else offset, seq_axis, inverse)
 
 
 def _is_offset(value: Any) -> bool:

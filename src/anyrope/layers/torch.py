@@ -72,15 +72,24 @@ class RotaryEmbedding(LayerBase, torch.nn.Module):
         offset: Any = 0,
         seq_axis: int = -2,
         inplace: bool = False,
+        inverse: bool = False,
     ) -> Any:
-        """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=...)``: the rotated q, or
-        (q, k), with :meth:`anyrope.RoPE.__call__`'s arguments and errors."""
+        """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=..., inverse=...)``: the
+        rotated q, or (q, k), with :meth:`anyrope.RoPE.__call__`'s arguments and errors."""
         # torch.export first: eager calls then never load torch.onnx, and dynamo folds both to False
-        if self.onnx_op is not False and _is_exporting() and torch.onnx.is_in_onnx_export():
+        # (the ONNX op turns one way only: an inverse call exports as the generic code)
+        if (
+            inverse is False
+            and self.onnx_op is not False
+            and _is_exporting()
+            and torch.onnx.is_in_onnx_export()
+        ):
             rotated = standard_op(self._rope, q, k, positions, offset, seq_axis, inplace=inplace)
             if rotated is not None:
                 return rotated
-        return self._rope(q, k, positions=positions, offset=offset, seq_axis=seq_axis, inplace=inplace)
+        return self._rope(
+            q, k, positions=positions, offset=offset, seq_axis=seq_axis, inplace=inplace, inverse=inverse
+        )
 
     def extra_repr(self) -> str:
         return repr(self._rope) + ("" if self.onnx_op is None else f", onnx_op={self.onnx_op}")
