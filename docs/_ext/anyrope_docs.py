@@ -226,6 +226,38 @@ def family_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def vision_table() -> str:
+    """Every vision tower rotary (``rope_type="axial"``) of transformers, from anyrope's records."""
+    from anyrope._vision_families import VISION_FAMILIES
+
+    supported = [v for v in VISION_FAMILIES if not v.unsupported]
+    summary = (
+        f"{len(VISION_FAMILIES)} vision towers (vision config `model_type`s) rotate image patches by "
+        f"position per axis; `from_hf_config` reads {len(supported)} of them exactly and refuses "
+        f"{len(VISION_FAMILIES) - len(supported)} with the reason. The `peers` test session checks every "
+        "supported tower's rotary module, patched by `use_anyrope`, against its own tables at positions "
+        "whose axes differ."
+    )
+    lines = [
+        summary,
+        "",
+        "| vision `model_type` | axes | frequencies per axis | pairing | head width | default base | `from_hf_config` |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for v in VISION_FAMILIES:
+        heads = f"({v.heads_key} * {v.divisor_key})" if v.divisor_key else v.heads_key
+        width = f"`{v.width_key} // {heads}`"
+        if v.reads_head_dim:
+            width = f"`head_dim`, else {width}"
+        if v.partial:
+            width += f"; `2 * ((head_dim // {v.axes}) // 2)` per axis"
+        status = f"refused: {v.unsupported}" if v.unsupported else "supported"
+        lines.append(
+            f"| `{v.model_type}` | {v.axes} | {v.frequencies} | {v.layout} | {width} | {v.base:g} | {status} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _generate(app: Any) -> None:
     out = Path(app.srcdir) / "_generated"
     out.mkdir(exist_ok=True)
@@ -233,6 +265,7 @@ def _generate(app: Any) -> None:
     _benchmark(out)
     (out / "backends.md").write_text(backend_matrix())
     (out / "families.md").write_text(family_table())
+    (out / "vision_families.md").write_text(vision_table())
 
 
 def setup(app: Any) -> dict[str, Any]:
