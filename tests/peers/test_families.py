@@ -165,11 +165,14 @@ def test_family_in_model(family: Family) -> None:
     _check_in_model(family)
 
 
-def test_gemma3n_kv_shared_layers_rotate_q_only() -> None:
-    """Gemma 3n's last num_kv_shared_layers layers rotate their queries only and attend to the
-    keys an earlier layer rotated and stored: the same outputs and greedy tokens under anyrope."""
-    gemma3n = next(f for f in FAMILIES if f.model_type == "gemma3n_text")
-    run = _check_in_model(dataclasses.replace(gemma3n, model_type="gemma3n_kv_shared"))
+@pytest.mark.parametrize("model_type", ["gemma3n_text", "gemma4_text"])
+def test_kv_shared_layers_rotate_q_only(model_type: str) -> None:
+    """Gemma 3n's and Gemma 4's last num_kv_shared_layers layers rotate their queries only and
+    attend to the keys an earlier layer rotated and stored: the same outputs and greedy tokens
+    under anyrope."""
+    family = next(f for f in FAMILIES if f.model_type == model_type)
+    variant = model_type.removesuffix("_text") + "_kv_shared"
+    run = _check_in_model(dataclasses.replace(family, model_type=variant))
     modes = run.model.config.kv_sharing_modes
     assert "reuse" in modes, modes  # the variant does share keys
     assert "store" in modes, modes

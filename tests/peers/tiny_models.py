@@ -271,6 +271,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "layer_types": _SW * 2,
         "num_kv_shared_layers": 2,
     },
+    # the same for Gemma 4, whose full-attention layers have wider heads of their own
+    "gemma4_kv_shared": {
+        "_parent": "gemma4_text",
+        "num_hidden_layers": 4,
+        "layer_types": _SW * 2,
+        "global_head_dim": 32,
+        "num_kv_shared_layers": 2,
+    },
     "glm4_moe_lite": _MLA,
     "glm4v_moe_text": {**_GLM4V, "hidden_size": 64, "head_dim": 32},
     "glm4v_text": _GLM4V,
