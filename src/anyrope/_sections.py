@@ -151,7 +151,7 @@ def check_sections(value: Any, interleaved: Any, rotary_dim: int) -> Sections | 
         )
     count = len(sizes)
     for stream, size in enumerate(sizes[1:], start=1):
-        if interleaved and size and stream + count * (size - 1) >= pairs:
+        if interleaved and not _fits_interleaved(stream, size, count, pairs):
             raise ValueError(
                 f"mrope_section={sizes!r}: interleaved, stream {stream} takes pairs {stream}, "
                 f"{stream + count}, ... ({size} of them), which runs past the {pairs} pairs; give it fewer"
@@ -205,11 +205,17 @@ def _named_cases(sizes: tuple[int, ...], rotary_dim: int) -> list[Sections]:
     """The named cases with these pairs per stream: contiguous, interleaved, axial."""
     count, pairs = len(sizes), rotary_dim // 2
     named = [sections(sizes, False)]
-    if all(stream + count * (size - 1) < pairs for stream, size in enumerate(sizes[1:], start=1) if size):
+    if all(_fits_interleaved(stream, size, count, pairs) for stream, size in enumerate(sizes[1:], start=1)):
         named.append(sections(sizes, True))
     if len(set(sizes)) == 1:
         named += [axial_sections(count, kind, rotary_dim) for kind in AXIAL]
     return named
+
+
+def _fits_interleaved(stream: int, size: int, count: int, pairs: int) -> bool:
+    """Whether interleaved stream ``stream``'s pairs ``stream, stream + count, ...`` (``size`` of
+    them) stay within the pairs."""
+    return not size or stream + count * (size - 1) < pairs
 
 
 def _assignment(sizes: tuple[int, ...], interleaved: bool) -> tuple[int, ...]:

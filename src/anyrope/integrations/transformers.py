@@ -40,7 +40,7 @@ from array_api_compat import torch as torch_namespace
 from .._dtypes import isdtype
 from .._families import family_of
 from .._hf import UnknownFamilyWarning
-from .._rope import RoPE
+from .._rope import RoPE, rotary_of
 
 __all__ = ["is_patched", "remove_anyrope", "use_anyrope"]
 
@@ -262,8 +262,7 @@ def _probe_positions(rope: RoPE, device: torch.device) -> torch.Tensor:
 def _vision_axes(rope: RoPE) -> int | None:
     """Positions per patch of a vision tower's rotation (axial RoPE, or a stream map whose pairs
     turn by frequencies of their axis: Kimi-K2.5), else None."""
-    own = tuple(range(len(rope.pair_frequencies)))
-    return rope.streams if rope.streams > 1 and rope.pair_frequencies != own else None
+    return rope.streams if rotary_of(rope).per_axis else None
 
 
 def _candidates(rope: RoPE) -> Iterator[_Format]:
