@@ -2,7 +2,7 @@
 
 One record per vision config ``model_type`` (transformers 5.24, whose new vision towers do not
 rotate) whose rotary module takes ``(x, position_ids)`` with one position per axis
-(``rope_type="axial"``): which frequencies each axis gets, how features pair, how many axes,
+(``rope_type="axial"``), or keeps the table of one fixed patch grid (Llama 4): which frequencies each axis gets, how features pair, how many axes,
 where the head width comes from, and what anyrope cannot express. Gathered by reading each
 family's vision rotary module and its apply function; the ``peers`` test session checks every
 record against transformers. Read by :mod:`anyrope._hf_vision`.
@@ -31,8 +31,12 @@ class VisionFamily:
     axis rotates ``2 * ((head_dim // axes) // 2)`` features and the rest of the head passes
     (MiniMax-M3-VL); else the whole head rotates. The head width is ``head_dim`` where the module
     reads it, else ``width_key // (heads_key * divisor_key)``. ``unsupported``: why anyrope cannot
-    express the rotation. (Which axis a family's tables put first is learned from the module by
-    ``use_anyrope``: Step3p7's and Inkling2's put the column first.)
+    express the rotation. ``grid_table``: the buffer in which the rotary module keeps the
+    complex table (``cos + i sin``) of its config's one patch grid, ``image_size // patch_size``
+    patches a side, counted from 1 on each axis, and a class token last that does not turn; the
+    module takes no positions, and ``use_anyrope`` swaps the table's values (Llama 4's
+    ``freqs_ci``). (Which axis a family's tables put first is learned from the module by
+    ``use_anyrope``: Step3p7's, Inkling2's and Llama 4's put the column first.)
     """
 
     model_type: str
@@ -46,6 +50,7 @@ class VisionFamily:
     heads_key: str = "num_attention_heads"
     divisor_key: str | None = None
     unsupported: str | None = None
+    grid_table: str | None = None
 
 
 def V(model_type: str, **fields: Any) -> VisionFamily:
@@ -90,6 +95,7 @@ VISION_FAMILIES = (
         frequencies="blocks, pairs alternating",
     ),
     V("lfm3_vl_vision", base=1000000.0),
+    V("llama4_vision_model", layout="interleaved", reads_head_dim=False, grid_table="freqs_ci"),
     V("minimax_m3_vl_vision", axes=3, partial=True),
     V("mlcd_vision_model"),
     V("muse_glimmer_vision"),

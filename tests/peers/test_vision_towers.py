@@ -54,6 +54,7 @@ ROTARY = {
     "inkling2_vision": "inkling2.Inkling2VisionRotaryEmbedding",
     "kimi_k25_vision": "kimi_k25.Kimi_K25VisionRotaryEmbedding",
     "lfm3_vl_vision": "lfm3_vl.Lfm3VlVisionRotaryEmbedding",
+    "llama4_vision_model": "llama4.Llama4VisionRotaryEmbedding",
     "minimax_m3_vl_vision": "minimax_m3_vl.MiniMaxM3VLVisionRotaryEmbedding",
     "mlcd_vision_model": "mlcd.MLCDRotaryEmbedding",
     "muse_glimmer_vision": "muse_glimmer.MuseGlimmerVisionRotaryEmbedding",
@@ -101,7 +102,7 @@ def test_every_vision_rotary_of_transformers_has_a_record() -> None:
     assert set(ROTARY) == {family.model_type for family in VISION_FAMILIES}
 
 
-SUPPORTED = [f for f in VISION_FAMILIES if f.unsupported is None]
+SUPPORTED = [f for f in VISION_FAMILIES if f.unsupported is None and f.grid_table is None]
 UNSUPPORTED = [f for f in VISION_FAMILIES if f.unsupported is not None]
 
 
@@ -263,3 +264,55 @@ def test_pixtral_vision_model_through_use_anyrope(dtype: torch.dtype, rtol: floa
     assert is_patched(model.patch_positional_embedding)
     rel = relative(stock.float(), model(pixels, image_sizes=sizes).last_hidden_state.float())
     assert rel <= rtol, f"pixtral {dtype}: last hidden states differ by {rel:.2e} of their scale"
+
+
+def test_llama4_vision_model_through_use_anyrope() -> None:
+    """Llama 4's vision rotary keeps the complex table of its one patch grid (columns, then rows,
+    counted from 1; the class token last, unturned) and takes no positions: anyrope swaps the
+    table's values, checked at every patch, and the encoder's output stays the stock one."""
+    # intermediate_size: the adapter shuffles 2 x 2 patches into one, of 4 x 64 features
+    config = transformers.Llama4VisionConfig(
+        hidden_size=64, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, image_size=24,
+        patch_size=4, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64,
+        initializer_range=0.1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Llama4VisionModel(config).eval()
+    rotary = model.rotary_embedding
+    pixels = torch.randn(1, 3, 24, 24, generator=torch.Generator().manual_seed(3))
+    stock = model(pixels).last_hidden_state
+    side = config.image_size // config.patch_size
+    table = rotary.freqs_ci.clone()
+    # rows and columns swapped: the table of the transposed grid, the class token left as it is
+    rotary.freqs_ci[:-1] = table[:-1].reshape(side, side, -1).transpose(0, 1).reshape(table[:-1].shape)
+    moved = relative(stock, model(pixels).last_hidden_state)
+    rotary.freqs_ci.copy_(table)
+    assert moved > SENSITIVITY * LOGITS_RTOL, f"the vision rotation moves the output by only {moved:.2e}"
+
+    use_anyrope(model)
+    assert is_patched(rotary)
+    assert not torch.equal(rotary.freqs_ci, table)  # anyrope's values, not the stock ones
+    rel = relative(stock, model(pixels).last_hidden_state)
+    assert rel <= LOGITS_RTOL, f"last hidden states differ by {rel:.2e} of their scale"
+    remove_anyrope(model)
+    assert torch.equal(rotary.freqs_ci, table)
+    assert torch.equal(model(pixels).last_hidden_state, stock)
+
+
+def test_a_rotary_module_anyrope_does_not_recognise_is_named() -> None:
+    """DINOv3's rotary takes pixel values and places patches at fractional centres: never left silently."""
+    config = transformers.DINOv3ViTConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4
+    )
+    vision = transformers.DINOv3ViTModel(config)
+    with pytest.raises(
+        ValueError,
+        match=r"none of DINOv3ViTModel's rotary modules: rope_embeddings \(DINOv3ViTRopePositionEmbedding\): "
+        r"its forward takes \(pixel_values\), not position ids",
+    ):
+        use_anyrope(vision)
+    model = torch.nn.ModuleDict({"vision": vision, "text": _llama_rotary()})
+    with pytest.warns(UserWarning, match=r"leaves the rotary module vision\.rope_embeddings .* stock"):
+        use_anyrope(model)
+    assert is_patched(model["text"])
+    assert not is_patched(vision.rope_embeddings)

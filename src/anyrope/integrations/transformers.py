@@ -39,8 +39,10 @@ from array_api_compat import torch as torch_namespace
 
 from .._dtypes import isdtype
 from .._families import family_of
+from .._grid import grid_positions
 from .._hf import UnknownFamilyWarning
 from .._rope import RoPE, rotary_of
+from .._vision_families import vision_family_of
 
 __all__ = ["is_patched", "remove_anyrope", "use_anyrope"]
 
@@ -124,6 +126,60 @@ def _patch_table(name: str, module: torch.nn.Module, attribute: str, rope: RoPE)
             f"(max difference {diff:.3g} at positions 0..{_PROBE_LENGTH - 1}): anyrope leaves this model alone"
         )
     return ours
+
+
+def _grid_tables(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module, str]]:
+    """Vision rotary modules that keep the complex table of one patch grid (Llama 4's)."""
+    for name, module in model.named_modules():
+        family = vision_family_of(getattr(getattr(module, "config", None), "model_type", None))
+        attribute = family.grid_table if family is not None else None
+        if attribute and isinstance(getattr(module, attribute, None), torch.Tensor):
+            yield name, module, attribute
+
+
+def _patch_grid_table(name: str, module: torch.nn.Module, attribute: str, rope: RoPE) -> torch.Tensor:
+    """anyrope's table of a grid table module's patches (from 1 on each axis, then a class token
+    at 0), with the axis order that matches the module's own table: it must, at every patch."""
+    stock = getattr(module, attribute).detach()
+    side = module.config.image_size // module.config.patch_size
+    like = torch.zeros((), dtype=stock.real.dtype, device=stock.device)
+    rows_columns = grid_positions((side, side), start=1, like=like)
+    diffs = []
+    for order in ((1, 0), (0, 1)):  # columns first (Llama 4), else rows
+        positions = torch.cat([rows_columns[list(order)], rows_columns.new_zeros(2, 1)], dim=1)
+        cos, sin = rope.cos_sin(positions, like=like)
+        if cos.numel() != stock.numel():
+            raise ValueError(
+                f"{name}.{attribute} holds {stock.numel()} table entries, but anyrope's {rope!r} makes "
+                f"{cos.numel()} for the config's {side} x {side} patches and a class token: anyrope "
+                "leaves this model alone"
+            )
+        ours = torch.complex(cos, sin).reshape(stock.shape)
+        diffs.append(float((ours - stock).abs().max()))
+        if diffs[-1] <= _PROBE_TOLERANCE:
+            return ours
+    raise ValueError(
+        f"{name}.{attribute} holds other angles than anyrope's {rope!r} from the same config (max "
+        f"difference {min(diffs):.3g} over its {side} x {side} patches, either axis first): anyrope "
+        "leaves this model alone"
+    )
+
+
+_ROTARY_NAME = ("Rotary", "Rope")
+
+
+def _unknown_rotaries(model: torch.nn.Module, known: set[torch.nn.Module]) -> dict[str, str]:
+    """Modules named as rotary ones that no patch above recognises, with why: never left silently."""
+    found = {}
+    for name, module in model.named_modules():
+        cls = type(module).__name__
+        if module not in known and any(word in cls for word in _ROTARY_NAME):
+            params = ", ".join(list(inspect.signature(type(module).forward).parameters)[1:])
+            found[f"{name} ({cls})"] = (
+                f"its forward takes ({params}), not position ids, and anyrope does not know how it "
+                "places its tokens; call anyrope.RoPE on q and k directly to rotate as it does"
+            )
+    return found
 
 
 @dataclass
@@ -433,9 +489,12 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
         A transformers model (a ``PreTrainedModel``, or any module holding its rotary modules).
 
     Vision towers' rotary modules (``forward(x, position_ids)`` with ``position_ids`` of shape
-    ``(patches, axes)``) are patched the same way, from their vision config. A module whose
-    config anyrope cannot express or read (Gemma 4's vision tower, SAM 3's ViT, HunYuan-VL's
-    text decoder, ...) is left stock, with a ``UserWarning`` that names it and says why.
+    ``(patches, axes)``) are patched the same way, from their vision config; Llama 4's, which
+    keeps the complex table of its one patch grid, gets anyrope's table in its place, checked
+    at every patch. A module whose config anyrope cannot express or read (Gemma 4's vision
+    tower, SAM 3's ViT, HunYuan-VL's text decoder, ...), or one named as a rotary module whose
+    forward anyrope does not recognise (DINOv3's takes pixel values), is left stock, with a
+    ``UserWarning`` that names it and says why.
 
     Raises
     ------
@@ -453,7 +512,11 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     kept = set(rotary.values())
     tables = [(n, m, a) for n, m, a in _table_holders(model) if m not in kept and not is_patched(m)]
     angles = [(n, m) for n, m in _angle_modules(model) if not is_patched(m)]
-    if not modules and not tables and not angles:
+    grids = [(n, m, a) for n, m, a in _grid_tables(model) if not is_patched(m)]
+    known = kept | {m for _, m, _ in tables} | {m for _, m in angles} | {m for _, m, _ in grids}
+    known |= {m for m in model.modules() if is_patched(m)}
+    stock = _unknown_rotaries(model, known)  # module -> why anyrope leaves it as it is
+    if not modules and not tables and not angles and not grids and not stock:
         if any(is_patched(m) for _, m in model.named_modules()):
             return model
         raise ValueError(
@@ -462,7 +525,6 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
             "other models call anyrope.RoPE on q and k directly"
         )
     patches: dict[torch.nn.Module, Any] = {}
-    stock: dict[str, str] = {}  # module -> why anyrope leaves it as it is
     for name, module in modules:  # check every module before patching any
         config = _config_of(name, module, model)
         try:
@@ -494,6 +556,13 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     for name, module, attribute in tables:
         rope = RoPE.from_hf_config(_config_of(name, module, model))
         patches[module] = _TablePatch(attribute, _patch_table(name, module, attribute, rope))
+    for name, module, attribute in grids:
+        try:
+            rope = RoPE.from_hf_config(module.config)
+        except ValueError as exc:
+            stock[f"{name} ({type(module).__name__})"] = str(exc)
+            continue
+        patches[module] = _TablePatch(attribute, _patch_grid_table(name, module, attribute, rope))
     reasons = "; ".join(f"{where}: {why}" for where, why in stock.items())
     if not patches and not any(is_patched(m) for m in model.modules()):
         raise ValueError(f"anyrope can patch none of {type(model).__name__}'s rotary modules: {reasons}")
