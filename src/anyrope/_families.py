@@ -58,7 +58,7 @@ class Family:
     one per pair (Mistral Large 4's "alpha"): a checkpoint value the config does not hold, so
     ``from_hf_config`` leaves it out and ``use_anyrope`` reads it from the module.
     ``partial_default``: the ``partial_rotary_factor`` the family's config class sets where a
-    config (a saved dict) has none.
+    config (a saved dict) has none; a mapping by layer type where it differs by layer type (NeoMME).
     """
 
     model_type: str
@@ -85,7 +85,7 @@ class Family:
     # layer type -> its key in rope_parameters, where they differ (DeepSeek-V4's "main", "compress")
     rope_keys: Mapping[str, str] = field(default_factory=dict)
     log_frequency_scale: str | None = None
-    partial_default: float = 1.0
+    partial_default: float | Mapping[str, float] = 1.0
 
 
 def F(model_type: str, layout: Layout = "half", **fields: Any) -> Family:
@@ -337,7 +337,14 @@ FAMILIES = (
     F("muse_spark_text", base=500000.0, nope="layer_rope_flag", scope="text_decoder_of_multimodal"),
     F("nanochat", clockwise=True),
     F("nemotron", width="partial", partial_default=0.5),
-    F("neomme", width="partial", multi_axis="alternating", per_layer=True, scope="multimodal_encoder"),
+    F(
+        "neomme",
+        width="partial",
+        multi_axis="alternating",
+        per_layer=True,
+        scope="multimodal_encoder",
+        partial_default={"full_attention": 0.25, "sliding_attention": 1.0},
+    ),
     F("nomic_bert", base=1000.0, scope="text_encoder"),
     F("olmo"),
     F("olmo2"),

@@ -11,6 +11,7 @@ families (pairing, the rotated width's key, multi-axis positions) comes from
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from ._config import MISSING, ConfigReader
@@ -62,8 +63,10 @@ def _head_dim(cfg: ConfigReader, family: Family) -> int:
     return int(hidden // heads)
 
 
-def _rotary_dim(cfg: ConfigReader, params: ConfigReader, head_dim: int, family: Family) -> tuple[int, float]:
-    """The rotated width and the partial factor it came from."""
+def _rotary_dim(
+    cfg: ConfigReader, params: ConfigReader, head_dim: int, family: Family, layer_type: str | None
+) -> tuple[int, float]:
+    """The rotated width (of the layers of ``layer_type``) and the partial factor it came from."""
     if family.width == "rotary_dim" and cfg.get("rotary_dim") is not None:
         width = cfg.integer("rotary_dim")
         if width > head_dim:
@@ -77,7 +80,10 @@ def _rotary_dim(cfg: ConfigReader, params: ConfigReader, head_dim: int, family: 
                 f"max(projection_dim // (2 * num_attention_heads), 32); at most head_dim={head_dim} rotate"
             )
         return width, width / head_dim
-    partial = family.partial_default  # what the config class sets where the config has no key
+    # what the config class sets where the config has no key
+    partial = family.partial_default
+    if isinstance(partial, Mapping):
+        partial = partial.get(layer_type or "", 1.0)
     for reader, key in (
         (params, "partial_rotary_factor"),
         (cfg, "partial_rotary_factor"),
@@ -151,7 +157,7 @@ def parse_hf_config(
     head_dim = _head_dim(cfg, family)
     if head_dim % 2:
         raise ValueError(f"the config's head dimension is {head_dim}; RoPE needs an even one")
-    rotary_dim, partial = _rotary_dim(cfg, params, head_dim, family)
+    rotary_dim, partial = _rotary_dim(cfg, params, head_dim, family, kind)
     base = theta if theta is not None else _base(cfg, params, family)
     if family.ntk_alpha and rope_type == "dynamic" and params.get("alpha", None):
         # HunYuan's checkpoints say "dynamic", but a fixed alpha only raises the base, by

@@ -314,6 +314,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "mistral4": {**_MLA, "_model": "Mistral4ForCausalLM"},
     # its learned frequency scale exp(alpha) drawn away from 1 (its init is 0), so it shows
     "mistral_large4_text": {"num_key_value_heads": 4, "_normal": ("rotary_emb.alpha",)},
+    # test_families.py's variant: layers 2 and 3 rotate their queries only, against the keys
+    # layers 0 and 1 rotated and stored (every layer rotates, so each finds keys to reuse)
+    "mistral_large4_kv_shared": {
+        "_parent": "mistral_large4_text",
+        "num_key_value_heads": 4,
+        "_normal": ("rotary_emb.alpha",),
+        "num_hidden_layers": 4,
+        "no_rope_layers": [1, 1, 1, 1],
+        "kv_source_layers": [0, 1, 0, 1],
+    },
     "mllama_text_model": {"_model": "MllamaForCausalLM"},
     "moonshine": {
         "_model": "MoonshineForConditionalGeneration",
