@@ -236,7 +236,8 @@ def vision_table() -> str:
         f"position per axis; `from_hf_config` reads {len(supported)} of them exactly and refuses "
         f"{len(VISION_FAMILIES) - len(supported)} with the reason. The `peers` test session checks every "
         "supported tower's rotary module, patched by `use_anyrope`, against its own tables at positions "
-        "whose axes differ (Llama 4's, which keeps the table of one patch grid, in its vision encoder)."
+        "whose axes differ (Llama 4's, which keeps the table of one patch grid, in its vision encoder), "
+        "and runs every supported tower whole in its own tiny model against the stock one."
     )
     lines = [
         summary,
