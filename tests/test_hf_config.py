@@ -736,6 +736,49 @@ def test_rotary_value_is_refused() -> None:
         anyrope.RoPE.from_hf_config(config)
 
 
+@pytest.mark.parametrize(
+    ("model_type", "key", "value"),
+    [
+        ("esm", "position_embedding_type", "absolute"),
+        ("wav2vec2-conformer", "position_embeddings_type", "relative"),
+        ("wav2vec2-bert", "position_embeddings_type", "relative_key"),
+        ("seamless_m4t", "position_embeddings_type", "relative"),
+    ],
+)
+def test_a_config_switched_off_rotary_is_refused(model_type: str, key: str, value: str) -> None:
+    config = {"model_type": model_type, "hidden_size": 256, "num_attention_heads": 4, key: value}
+    with pytest.raises(ValueError, match=rf"uses no rotary embedding \({key}='{value}', not 'rotary'\)"):
+        anyrope.RoPE.from_hf_config(config)
+    assert anyrope.RoPE.from_hf_config({**config, key: "rotary"}).head_dim == 64
+
+
+def test_speech_conformers_read_their_own_keys() -> None:
+    """rotary_embedding_base is their theta; SeamlessM4T's speech encoder has heads and layers of
+    its own, which win over the text decoder's (its num_attention_heads, num_hidden_layers)."""
+    conformer = {
+        "model_type": "wav2vec2-conformer",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "position_embeddings_type": "rotary",
+        "rotary_embedding_base": 500,
+    }
+    rope = anyrope.RoPE.from_hf_config(conformer)
+    assert (rope.head_dim, rope.rotary_dim, rope.layout, rope.base) == (64, 64, "half", 500.0)
+    seamless = {
+        **conformer,
+        "model_type": "seamless_m4t",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 6,
+        "speech_encoder_attention_heads": 2,
+        "speech_encoder_layers": 3,
+    }
+    ropes = anyrope.RoPE.layers_from_hf_config(seamless)
+    assert [(r.head_dim, r.base) for r in ropes] == [(128, 500.0)] * 3  # type: ignore[union-attr]
+    # transformers' rope scaling does not reach their rotary module
+    scaled = {**conformer, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    assert anyrope.RoPE.from_hf_config(scaled).scaling is None
+
+
 def test_transformers_5_24_families_from_saved_configs() -> None:
     """What a config.json of each new 5.24 family leaves out is read as its config class fills it."""
     # HY-V4-VL: interleaved pairs of the qk_rope_head_dim slice, Qwen3-VL-style interleaved sections

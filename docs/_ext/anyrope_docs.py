@@ -147,6 +147,7 @@ _NOPE = {
     "full_with_theta": "only full-attention layers",
     "position_embedding_type=rope": "only with `position_embedding_type: rope`",
     "position_embedding_type=rotary": "only with `position_embedding_type: rotary`",
+    "position_embeddings_type=rotary": "only with `position_embeddings_type: rotary`",
     "use_mem_rope": "only with `use_mem_rope`",
 }
 
@@ -154,7 +155,7 @@ _NOPE = {
 _ROPE_TYPES = {
     "all": "all",
     "default": "default only",
-    "fixed": "default (fixed sin/cos table)",
+    "fixed": "default (rope scaling ignored)",
 }
 
 

@@ -50,13 +50,17 @@ class ConfigReader:
         return self.get(key) is not MISSING
 
     def get(self, key: str, default: Any = MISSING) -> Any:
-        """The value under ``key`` (None included), its alias's, or ``default``."""
+        """The value under ``key``'s alias (None included), else under ``key``, else ``default``.
+        The alias wins: it names the key the family's code reads (SeamlessM4T's speech encoder
+        reads ``speech_encoder_attention_heads``, not the decoder's ``num_attention_heads``)."""
+        names = [name for name in (self._aliases.get(key), key) if name is not None]
         if self._object is not None:
-            value = getattr(self._object, key, MISSING)
-            if value is not MISSING:
-                return value
-        for name in (key, self._aliases.get(key)):
-            if name is not None and name in self._dict:
+            for name in names:
+                value = getattr(self._object, name, MISSING)
+                if value is not MISSING:
+                    return value
+        for name in names:
+            if name in self._dict:
                 return self._dict[name]
         return default
 

@@ -38,10 +38,12 @@ class Family:
     or "custom" (none of these). ``nope``: the rule that says which layers do
     not rotate (see :func:`anyrope._hf.layer_rotation`). ``per_layer``: RoPE parameters nested by layer type.
     ``unsupported``: why anyrope cannot express the family's rotation yet. ``aliases``: config
-    keys under another name (transformers' ``attribute_map``). ``scope``: what kind of model.
+    keys under the name the family's code reads (transformers' ``attribute_map``, or a key of its
+    own: SeamlessM4T's speech encoder); the alias wins over the key. ``scope``: what kind of model.
     ``ntk_alpha``: a "dynamic" rope_type with an ``alpha`` is HunYuan's fixed NTK base stretch.
     ``rope_types``: "all" of transformers' rope types, "default" (the model refuses the others)
-    or "fixed" (a precomputed sin/cos table: the model ignores rope scaling). ``not_in_model``:
+    or "fixed" (the model ignores rope scaling: a precomputed sin/cos table, or a rotary module
+    that reads no rope parameters). ``not_in_model``:
     why the peers session cannot run the family in a tiny model of its own (None: it does).
     ``global_head_dim``: the head width of the full-attention layers where a config dict gives
     neither ``global_head_dim`` nor ``per_layer_config`` (Gemma 4: transformers builds
@@ -126,6 +128,17 @@ _GLM_V: dict[str, Any] = {"multi_axis": "contiguous", "mrope_section": (8, 12, 1
 _QWEN3_VL: dict[str, Any] = {"multi_axis": "interleaved", "mrope_section": (24, 20, 20)}
 _QWEN3_5: dict[str, Any] = {"multi_axis": "interleaved", "mrope_section": (11, 11, 10)}
 _HY_V4_VL: dict[str, Any] = {"multi_axis": "interleaved", "mrope_section": (12, 10, 10)}
+
+# Speech conformers' encoders: they rotate only with position_embeddings_type "rotary", and rotate
+# each head's slice of the hidden states (half pairs, *SelfAttention._apply_rotary_embedding)
+# before the q and k projections, not q and k. The rotary module reads rotary_embedding_base and
+# no rope parameters.
+_SPEECH_CONFORMER: dict[str, Any] = {
+    "nope": "position_embeddings_type=rotary",
+    "scope": "speech_encoder",
+    "rope_types": "fixed",
+}
+_ROTARY_EMBEDDING_BASE = {"rope_theta": "rotary_embedding_base"}
 
 FAMILIES = (
     F("afmoe", nope="sliding_only"),
@@ -399,6 +412,16 @@ FAMILIES = (
         rope_type_aliases={"deepseek_yarn": "yarn"},
     ),
     F("sarvam_moe", width="partial", base=8000000.0),
+    # the speech encoder's heads and layers, not the text decoder's (transformers' attribute_map)
+    F(
+        "seamless_m4t",
+        aliases={
+            **_ROTARY_EMBEDDING_BASE,
+            "num_attention_heads": "speech_encoder_attention_heads",
+            "num_hidden_layers": "speech_encoder_layers",
+        },
+        **_SPEECH_CONFORMER,
+    ),
     F("seed_oss"),
     F("smollm3", base=2000000.0, nope="no_rope_layers"),
     F("solar_open", base=1000000.0),
@@ -412,6 +435,8 @@ FAMILIES = (
     F("unlimited_ocr_text", scope="text_decoder_of_multimodal"),
     F("vaultgemma"),
     F("voxtral_realtime_text", scope="speech_text_decoder"),
+    F("wav2vec2-bert", aliases=_ROTARY_EMBEDDING_BASE, **_SPEECH_CONFORMER),
+    F("wav2vec2-conformer", aliases=_ROTARY_EMBEDDING_BASE, **_SPEECH_CONFORMER),
     F("youtu", "interleaved", layout_key="rope_interleave", width="mla"),
     F("zamba2", nope="use_mem_rope", aliases=_ATTENTION_HEAD_DIM),
     F("zaya", width="partial", per_layer=True, partial_default=0.5),

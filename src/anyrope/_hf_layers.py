@@ -12,6 +12,7 @@ _NO_ATTENTION = frozenset({"linear_attention", "mamba", "mamba2", "conv", "recur
 _WHOLE_CONFIG = {  # rules under which either every layer rotates or none does
     "position_embedding_type=rope": ("position_embedding_type", "rope"),
     "position_embedding_type=rotary": ("position_embedding_type", "rotary"),
+    "position_embeddings_type=rotary": ("position_embeddings_type", "rotary"),  # speech conformers
     "use_mem_rope": ("use_mem_rope", True),
 }
 

@@ -77,10 +77,17 @@ class Run(InModel):
             if "_input_values" in self.overrides
             else None
         )
+        self.input_features = (
+            torch.randn(2, *self.overrides["_input_features"], generator=generator)
+            if "_input_features" in self.overrides
+            else None
+        )
 
     def _encoder_inputs(self) -> dict[str, torch.Tensor]:
         if self.input_values is not None:
             return {"input_values": self.input_values}
+        if self.input_features is not None:
+            return {"input_features": self.input_features}
         return {**self.tokens(self.ids), "attention_mask": self.mask}
 
     def _kwargs(self) -> dict[str, Any]:
@@ -98,8 +105,8 @@ class Run(InModel):
 
     def forward(self) -> torch.Tensor:
         out = main_output(self.model(**self._kwargs()))
-        if self.seq2seq:
-            return out
+        if self.seq2seq or self.input_values is not None or self.input_features is not None:
+            return out  # (audio inputs have no padding)
         # The padded positions' outputs are not compared (CSM's depth decoder drops position 0).
         return out[self.mask[:, -out.shape[1] :].bool()]
 

@@ -39,6 +39,7 @@ import re
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -106,7 +107,9 @@ class Spec:
     # "qk": apply(q, k, cos, sin) on (b, h, s, d); "single": apply(x, cos, sin, unsqueeze_dim=1);
     # "complex_bhsd" / "complex_bshd": apply(q, k, freqs_cis) (DeepSeek-V2, Llama 4);
     # "gptj": (sin, cos) from the rotary module's sinusoid table, apply(x, sin, cos) on (b, s, h, d); "roformer";
-    # "clvp": angles of positions 0.. from the rotary module, apply(q, k, v, cos, sin, position_ids).
+    # "clvp": angles of positions 0.. from the rotary module, apply(q, k, v, cos, sin, position_ids);
+    # "conformer": stacked cos and sin of positions 0.. from the rotary module, the attention
+    # class's _apply_rotary_embedding(hidden_states) on (b, s, h * d).
     kind: str = "qk"
     attention: str | None = None  # attention class whose forward slices q[..., :rotary_ndims]
     permutes: bool = False  # the apply writes its output as cat(evens, odds) (DeepSeek's *_interleave)
@@ -114,6 +117,16 @@ class Spec:
 
 
 _INTERLEAVE = "apply_rotary_pos_emb_interleave"
+
+
+def _conformer(prefix: str, config: dict[str, Any] | None = None) -> Spec:
+    return Spec(
+        rotary=f"{prefix}RotaryPositionalEmbedding",
+        attention=f"{prefix}SelfAttention",
+        kind="conformer",
+        config={"position_embeddings_type": "rotary", **(config or {})},
+    )
+
 
 SPECS: dict[str, Spec] = {
     # served by LlamaModel (no modeling file of their own)
@@ -206,6 +219,13 @@ SPECS: dict[str, Spec] = {
     "esm": Spec(config={"position_embedding_type": "rotary"}),
     "granitemoehybrid": Spec(config={"position_embedding_type": "rope"}),
     "zamba2": Spec(config={"use_mem_rope": True}),
+    # speech conformers: rotary only with position_embeddings_type "rotary"; SeamlessM4T's speech
+    # encoder has heads of its own (8 here, the decoder's 16)
+    "seamless_m4t": _conformer(
+        "SeamlessM4TConformer", {"speech_encoder_attention_heads": 8, "rotary_embedding_base": 500}
+    ),
+    "wav2vec2-bert": _conformer("Wav2Vec2Bert"),
+    "wav2vec2-conformer": _conformer("Wav2Vec2Conformer"),
 }
 
 # Further configurations worth a case of their own: (label, spec).
@@ -225,6 +245,8 @@ VARIANTS["gpt_neox_japanese"] = [
 VARIANTS["phi3"] = [("partial_rotary_factor=0.5", Spec(config={"partial_rotary_factor": 0.5}))]
 VARIANTS["phi4_multimodal"] = [("partial_rotary_factor=0.5", Spec(config={"partial_rotary_factor": 0.5}))]
 VARIANTS["minimax_m2"] = [("rotary_dim=64", Spec(config={"rotary_dim": 64}))]
+for _name, _prefix in (("wav2vec2-bert", "Wav2Vec2Bert"), ("wav2vec2-conformer", "Wav2Vec2Conformer")):
+    VARIANTS[_name] = [("rotary_embedding_base=500", _conformer(_prefix, {"rotary_embedding_base": 500}))]
 # HunYuan's checkpoints say "dynamic" with an alpha: a fixed NTK stretch of the base (its "ntk_alpha")
 _NTK_ALPHA = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
 for _name in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
@@ -366,6 +388,9 @@ def _family_head_dim(case: Case, config: Any) -> int:
         return config.n_embd // config.n_head
     if spec.kind == "roformer":  # RoFormerEncoder: hidden_size // num_attention_heads
         return config.hidden_size // config.num_attention_heads
+    if spec.kind == "conformer":  # its self-attention's (SeamlessM4T: speech_encoder_attention_heads)
+        with torch.device("meta"):
+            return int(getattr(_module_of(case.model_type, spec), spec.attention)(config).head_size)
     if spec.attention is not None:
         attention = _on_meta(getattr(_module_of(case.model_type, spec), spec.attention), config)
         return int(getattr(attention, "head_dim", None) or attention.head_size)
@@ -425,9 +450,34 @@ def _family_rotate(case: Case, config: Any, q: Any, k: Any, position_ids: Any) -
             q[..., :width], k[..., :width], k[..., :width], cos, sin, position_ids
         )
         return torch.cat([q_rot, q[..., width:]], dim=-1), torch.cat([k_rot, k[..., width:]], dim=-1)
+    if spec.kind == "conformer":
+        return _conformer_rotate(module, spec, config, q, k, position_ids)
     rotary = _rotary_class(module, spec)(config)
     emb = rotary(q, position_ids) if case.layer_type is None else rotary(q, position_ids, case.layer_type)
     return _apply(case, module, config, emb, q, k)
+
+
+def _conformer_rotate(
+    module: Any, spec: Spec, config: Any, q: Any, k: Any, position_ids: Any
+) -> tuple[Any, Any]:
+    """*SelfAttention.forward of the speech conformers: _apply_rotary_embedding rotates the hidden
+    states (batch, seq, heads * head_size) by the table rows of positions 0 .. seq - 1; here each
+    batch row by the rows of its own positions."""
+    length = int(position_ids.max()) + 1
+    table = _rotary_class(module, spec)(config)(q.new_zeros(1, length, 1))  # (2, length, 1, 1, d)
+    batch, heads, seq, head_size = q.shape
+    attention = SimpleNamespace(num_heads=heads, head_size=head_size)  # what the method reads
+    apply = getattr(module, spec.attention)._apply_rotary_embedding
+
+    def rotate(x: Any) -> Any:
+        rows = []
+        for row in range(batch):
+            hidden = x[row].transpose(0, 1).reshape(1, seq, heads * head_size)
+            rotated = apply(attention, hidden, table[:, position_ids[row]])
+            rows.append(rotated.view(seq, heads, head_size).transpose(0, 1))
+        return torch.stack(rows)
+
+    return rotate(q), rotate(k)
 
 
 # --- Comparison --------------------------------------------------------------------------------

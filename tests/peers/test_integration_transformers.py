@@ -230,3 +230,36 @@ def test_refuses_a_module_whose_tables_differ_and_patches_nothing() -> None:
     with pytest.raises(ValueError, match="other tables than anyrope's"):
         use_anyrope(model)
     assert not is_patched(model.model.rotary_emb)
+
+
+def test_speech_conformer_tables() -> None:
+    """Wav2Vec2-Conformer's rotary module returns stack([cos, sin]) of positions 0 .. seq - 1, in
+    hidden_states' dtype, cached by length: patched, it returns anyrope's tables at every length
+    and dtype, and neither reads nor writes that cache (the probe runs on a copy)."""
+    from peers.tiny_models import tiny_model
+
+    model = tiny_model("wav2vec2-conformer")  # rotary_embedding_base 500, heads of 16 features
+    rotary = model.encoder.embed_positions
+    with torch.no_grad():
+        cached = rotary(torch.zeros(1, 10, 64))
+    use_anyrope(model)
+    assert is_patched(rotary)
+    rotary.cached_rotary_positional_embedding = torch.full_like(cached, float("nan"))  # stale
+    inv_freq = 500.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    fresh = type(rotary)(model.config)  # a stock module with no cache yet, for the dtype
+    for length, dtype in ((10, torch.float32), (70, torch.bfloat16), (10, torch.float64)):
+        x = torch.zeros(1, length, 64, dtype=dtype)
+        with torch.no_grad():
+            tables = rotary(x)
+            assert tables.dtype == type(fresh).forward(fresh, x).dtype == dtype
+        angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq
+        want = torch.stack((angles.cos(), angles.sin())).repeat(1, 1, 2)[:, :, None, None]
+        # exact angles rounded once: bfloat16 within 2**-8, float32 within 2**-24, float64 exact
+        tolerance = {torch.bfloat16: 2**-8, torch.float32: 2**-24, torch.float64: 1e-15}[dtype]
+        torch.testing.assert_close(tables.double(), want, rtol=0, atol=tolerance)
+    assert rotary.cached_sequence_length == 10
+    rotary.cached_rotary_positional_embedding = cached
+    remove_anyrope(model)
+    assert not is_patched(rotary)
+    with torch.no_grad():
+        assert rotary(torch.zeros(1, 10, 64)) is cached  # the stock module, on its own cache

@@ -129,6 +129,9 @@ _DIA = {
     "_generate": False,
 }
 _MLA = {"head_dim": None, "num_key_value_heads": 4}
+# speech conformers rotate only with position_embeddings_type "rotary"; a base other than the
+# default shows that the probe reads rotary_embedding_base
+_SPEECH_CONFORMER = {"position_embeddings_type": "rotary", "rotary_embedding_base": 500}
 
 
 def _mrope(section: list[int], theta: float, **fields: Any) -> dict[str, Any]:
@@ -160,7 +163,8 @@ _QWEN3_5 = {
 #: and for test_families.py: _seed (the prompt's), _generate (False: the model's generate does not
 #: take token prompts), _use_cache (False: transformers cannot build the model's cache),
 #: _inputs_embeds (the model takes embeddings only), _extra (name -> shape of a fixed random
-#: tensor every forward needs), _input_values (audio samples for a speech encoder) and
+#: tensor every forward needs), _input_values (audio samples for a speech encoder),
+#: _input_features ((frames, features) of filter-bank features for a speech encoder) and
 #: _decoder_channels (audio-code channels of Dia's decoder input).
 OVERRIDES: dict[str, dict[str, Any]] = {
     "afmoe": {"layer_types": _SW},
@@ -389,6 +393,15 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
     "sarvam_mla": _MLA,
+    "seamless_m4t": {
+        **_SPEECH_CONFORMER,
+        "_model": "seamless_m4t.modeling_seamless_m4t.SeamlessM4TSpeechEncoder",
+        # its own heads (2: head 32), not the text decoder's num_attention_heads (4)
+        "speech_encoder_attention_heads": 2,
+        "speech_encoder_layers": 2,
+        "speech_encoder_intermediate_size": 96,
+        "_input_features": (32, 160),  # 4 outputs after the adapter's stride of 8
+    },
     "smollm3": {"no_rope_layers": [1, 0]},
     "step3p5": {
         "_model": "Step3p7TextModel",
@@ -408,6 +421,17 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "voxtral_realtime_text": {
         "_model": "voxtral_realtime.modeling_voxtral_realtime.VoxtralRealtimeTextModel",
         "_extra": {"t_cond": (1, 1, 64)},  # the time conditioning its parent computes from the audio
+    },
+    "wav2vec2-bert": {**_SPEECH_CONFORMER, "_input_features": (24, 160)},
+    "wav2vec2-conformer": {
+        **_SPEECH_CONFORMER,
+        # a feature encoder of two convolutions (20 samples a frame) and a narrow positional one
+        "conv_dim": (32, 32),
+        "conv_stride": (5, 4),
+        "conv_kernel": (10, 8),
+        "num_conv_pos_embeddings": 16,
+        "num_conv_pos_embedding_groups": 4,
+        "_input_values": 480,
     },
     "youtu": _MLA,
     "zamba2": {"layer_types": ["mamba", "hybrid"], "use_mem_rope": True, "head_dim": None},

@@ -27,6 +27,7 @@ difference, never silently changed.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 import weakref
@@ -185,11 +186,15 @@ def _unknown_rotaries(model: torch.nn.Module, known: set[torch.nn.Module]) -> di
 @dataclass
 class _AnglePatch:
     rope: RoPE
+    # the module returns stack([cos, sin]) of shape (2, seq, 1, 1, d), cat(c, c) halves, in
+    # hidden_states' dtype (the speech conformers); else angles (CLVP)
+    stacked: bool
 
 
 def _angle_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
-    """Modules that return the angles of positions 0 .. seq - 1 from ``forward(hidden_states)``,
-    as ``cat(freqs, freqs)`` with a batch axis of one, leaving cos and sin to the attention (CLVP)."""
+    """Modules that make positions 0 .. seq - 1 from ``forward(hidden_states)``: their angles as
+    ``cat(freqs, freqs)`` with a batch axis of one, leaving cos and sin to the attention (CLVP),
+    or their cos and sin stacked (the speech conformers)."""
     for name, module in model.named_modules():
         if not type(module).__name__.endswith("RotaryPositionalEmbedding"):
             continue
@@ -206,36 +211,60 @@ def _angles(rope: RoPE, length: int, like: torch.Tensor) -> torch.Tensor:
     return torch.cat((angles, angles), dim=-1)[None]
 
 
+def _stacked_tables(rope: RoPE, length: int, like: torch.Tensor) -> torch.Tensor:
+    """anyrope's ``stack([cat(c, c), cat(s, s)])`` of positions 0 .. length - 1, (2, length, 1, 1, d)."""
+    positions = torch.arange(length, device=like.device)
+    cos, sin = rope.cos_sin(positions, like=like)
+    return torch.stack((torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)))[:, :, None, None]
+
+
+def _as_tables(output: torch.Tensor, stacked: bool) -> torch.Tensor:
+    """cos and sin of an angle module's output, to compare."""
+    return output if stacked else torch.stack((output.cos(), output.sin()))
+
+
 def _patch_angles(name: str, module: torch.nn.Module, rope: RoPE) -> _AnglePatch:
-    """The patch of an angle module, after checking that its angles give anyrope's tables."""
+    """The patch of an angle module, in the format its output has, after checking that it makes
+    anyrope's tables at the probe positions."""
     x = torch.zeros((1, _PROBE_LENGTH, 1), device=_probe_device(module))
-    with torch.no_grad():
-        stock = type(module).forward(module, x)
-    ours = _angles(rope, _PROBE_LENGTH, stock)
-    if ours.shape != stock.shape:
+    with torch.no_grad():  # on a copy: the module's own cache stays as it was
+        stock = type(module).forward(copy.copy(module), x)
+    made = {stacked: _angle_output(_AnglePatch(rope, stacked), module, x) for stacked in (False, True)}
+    stacked = next((key for key, ours in made.items() if ours.shape == stock.shape), None)
+    if stacked is None:
         raise ValueError(
-            f"the rotary module {name} makes angles of shape {tuple(stock.shape)}, but anyrope's {rope!r} "
-            f"makes {tuple(ours.shape)} from the same config: anyrope leaves it alone"
+            f"the rotary module {name} returns shape {tuple(stock.shape)}, but anyrope's {rope!r} makes "
+            f"angles of shape {tuple(made[False].shape)}, or stacked cos and sin of shape "
+            f"{tuple(made[True].shape)}, from the same config: anyrope leaves it alone"
         )
-    diff = max(float((f(ours) - f(stock)).abs().max()) for f in (torch.cos, torch.sin))
+    diff = float((_as_tables(made[stacked], stacked) - _as_tables(stock, stacked)).abs().max())
     if diff > _PROBE_TOLERANCE:
         raise ValueError(
             f"the rotary module {name} turns by other angles than anyrope's {rope!r} from the same config "
             f"(max difference of cos and sin {diff:.3g} at positions 0..{_PROBE_LENGTH - 1}): anyrope "
             "leaves it alone"
         )
-    return _AnglePatch(rope)
+    return _AnglePatch(rope, stacked)
+
+
+def _angle_output(
+    patch: _AnglePatch, module: torch.nn.Module | None, hidden_states: torch.Tensor
+) -> torch.Tensor:
+    """What the patched module returns for ``hidden_states``: in the dtype its stock code gives."""
+    length = hidden_states.shape[1]
+    if patch.stacked:  # the stock casts its tables to hidden_states' dtype
+        return _stacked_tables(patch.rope, length, hidden_states)
+    # angles come in the dtype of the module's own frequencies
+    buffers = module.buffers() if module is not None else ()
+    dtype = next((b.dtype for b in buffers if b.is_floating_point()), torch.float32)
+    return _angles(patch.rope, length, hidden_states.new_zeros((), dtype=dtype))
 
 
 def _angle_forward(patch: _AnglePatch, module: torch.nn.Module) -> Callable[..., Any]:
     held = weakref.ref(module)  # the module holds this function: no cycle through it
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
-        owner = held()
-        # the dtype of the module's own frequencies, which its angles come in
-        dtype = next((b.dtype for b in owner.buffers() if b.is_floating_point()), None) if owner else None
-        like = hidden_states.new_zeros((), dtype=dtype or torch.float32)
-        return _angles(patch.rope, hidden_states.shape[1], like)
+        return _angle_output(patch, held(), hidden_states)
 
     return forward
 
@@ -471,7 +500,9 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     ``(sin, cos)``). Families that keep a precomputed sin/cos table elsewhere (GPT-J's and
     CodeGen's attention before 5.24, RoFormer's sinusoidal embedding) get anyrope's table in
     its place, checked the same way; a ``*RotaryPositionalEmbedding`` that returns angles from
-    ``forward(hidden_states)`` (CLVP) returns anyrope's, exactly reduced. The model's attention
+    ``forward(hidden_states)`` (CLVP) returns anyrope's, exactly reduced, and one that returns
+    cos and sin stacked (Wav2Vec2-Conformer, Wav2Vec2-BERT, SeamlessM4T's speech encoder, whose
+    attention rotates the hidden states before the q and k projections) anyrope's. The model's attention
     code, KV cache and ``generate`` are untouched (DeepSeek-V4's and CLVP's rotate their values,
     and DeepSeek-V4's turns outputs back, with the patched tables); it compiles with
     ``torch.compile(fullgraph=True)``. Calling it twice is harmless; :func:`remove_anyrope`
