@@ -2,8 +2,10 @@
 
 One record per vision config ``model_type`` (transformers 5.24, whose new vision towers do not
 rotate) whose rotary module takes ``(x, position_ids)`` with one position per axis
-(``rope_type="axial"``), or keeps the table of one fixed patch grid (Llama 4): which frequencies each axis gets, how features pair, how many axes,
-where the head width comes from, and what anyrope cannot express. Gathered by reading each
+(``rope_type="axial"``) or keeps the table of one fixed patch grid (Llama 4), and per tower
+whose rotation anyrope cannot express in any form (DINOv3's patch centres): which frequencies
+each axis gets, how features pair, how many axes, where the head width comes from, and what
+anyrope cannot express. Gathered by reading each
 family's vision rotary module and its apply function; the ``peers`` test session checks every
 record against transformers. Read by :mod:`anyrope._hf_vision`.
 """
@@ -57,6 +59,12 @@ def V(model_type: str, **fields: Any) -> VisionFamily:
     return VisionFamily(model_type, **fields)
 
 
+# DINOv3's ViT and the models built on it: patch centres, not patch indices.
+_PATCH_CENTRES = (
+    "its positions are each patch's centre, normalised to [-1, 1] (and jittered and rescaled in "
+    "training), fractional, not integer positions"
+)
+
 #: A config of unknown family with ``rope_type="axial"``: Qwen2-VL's vision rotation, the most
 #: common (rows then columns, each the spectrum of half the head, half pairs); ``use_anyrope``
 #: proves it against the module before patching.
@@ -73,8 +81,10 @@ _SAM_MEMORY: dict[str, Any] = {
 
 VISION_FAMILIES = (
     V("cohere_compass_vision"),
+    V("dinov3_vit", unsupported=_PATCH_CENTRES),
     V("dots3_note_vision_encoder"),
     V("edgetam_video", **_SAM_MEMORY),
+    V("eomt_dinov3", unsupported=_PATCH_CENTRES),
     V("ernie4_5_vl_moe_vision"),
     V("exaone4_5_vision"),
     V(
@@ -112,6 +122,7 @@ VISION_FAMILIES = (
     V("qwen3_vl_vision"),
     V("qwen4_exp_vision"),
     V("sam2_video", **_SAM_MEMORY),
+    V("sapiens2", unsupported=_PATCH_CENTRES),
     V("sam3_tracker_video", **_SAM_MEMORY),
     V(
         "sam3_vit_model",
@@ -123,6 +134,16 @@ VISION_FAMILIES = (
     ),
     V("step3p5_vision"),
     V("video_llama_3_vision"),
+    V(
+        "vjepa2",
+        axes=3,
+        layout="interleaved",
+        unsupported=(
+            "it is no rotation: features 2i and 2i + 1 form a pair, but their cos and sin come from a "
+            "cat(c, c) table, so the two turn by different frequencies (2i and 2i + 1 of the axis's "
+            "share), which RoPE's pairs never do"
+        ),
+    ),
 )
 
 _BY_TYPE = {family.model_type: family for family in VISION_FAMILIES}

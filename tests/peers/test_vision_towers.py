@@ -42,8 +42,10 @@ from anyrope.integrations.transformers import is_patched, remove_anyrope, use_an
 # The rotary module of each vision config model_type: "package.Class" under transformers.models.
 ROTARY = {
     "cohere_compass_vision": "cohere_compass.CohereCompassVisionRotaryEmbedding",
+    "dinov3_vit": "dinov3_vit.DINOv3ViTRopePositionEmbedding",
     "dots3_note_vision_encoder": "dots3_note.Dots3NoteVisionRotaryEmbedding",
     "edgetam_video": "edgetam_video.EdgeTamVideoVisionRotaryEmbedding",
+    "eomt_dinov3": "eomt_dinov3.EomtDinov3RotaryEmbedding",
     "ernie4_5_vl_moe_vision": "ernie4_5_vl_moe.Ernie4_5_VLMoeVisionRotaryEmbedding",
     "exaone4_5_vision": "exaone4_5.Exaone4_5_VisionRotaryEmbedding",
     "gemma4_vision": "gemma4.Gemma4VisionRotaryEmbedding",
@@ -72,9 +74,11 @@ ROTARY = {
     "qwen4_exp_vision": "qwen4_exp.Qwen4ExpVisionRotaryEmbedding",
     "sam2_video": "sam2_video.Sam2VideoVisionRotaryEmbedding",
     "sam3_tracker_video": "sam3_tracker_video.Sam3TrackerVideoVisionRotaryEmbedding",
+    "sapiens2": "sapiens2.Sapiens2RopePositionEmbedding",
     "sam3_vit_model": "sam3.Sam3ViTRotaryEmbedding",
     "step3p5_vision": "step3p7.Step3p7VisionRotaryEmbedding",
     "video_llama_3_vision": "video_llama_3.VideoLlama3VisionRotaryEmbedding",
+    "vjepa2": "vjepa2.VJEPA2RopeAttention",  # its attention rotates: no rotary module of its own
 }
 # The stock module's float32 angles at positions below 256: off by up to 256 * 2**-24 = 1.5e-5 rad.
 TABLE_ATOL = 5e-5
@@ -299,20 +303,25 @@ def test_llama4_vision_model_through_use_anyrope() -> None:
     assert torch.equal(model(pixels).last_hidden_state, stock)
 
 
+class PatchRopePositionEmbedding(torch.nn.Module):
+    """Named as a rotary module, but makes its own positions from the pixels."""
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return pixel_values
+
+
 def test_a_rotary_module_anyrope_does_not_recognise_is_named() -> None:
-    """DINOv3's rotary takes pixel values and places patches at fractional centres: never left silently."""
-    config = transformers.DINOv3ViTConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4
-    )
-    vision = transformers.DINOv3ViTModel(config)
+    """Never left silently: said to be left stock (or refused, where nothing else rotates)."""
     with pytest.raises(
         ValueError,
-        match=r"none of DINOv3ViTModel's rotary modules: rope_embeddings \(DINOv3ViTRopePositionEmbedding\): "
+        match=r"none of ModuleDict's rotary modules: rope \(PatchRopePositionEmbedding\): "
         r"its forward takes \(pixel_values\), not position ids",
     ):
-        use_anyrope(vision)
-    model = torch.nn.ModuleDict({"vision": vision, "text": _llama_rotary()})
-    with pytest.warns(UserWarning, match=r"leaves the rotary module vision\.rope_embeddings .* stock"):
+        use_anyrope(torch.nn.ModuleDict({"rope": PatchRopePositionEmbedding()}))
+    model = torch.nn.ModuleDict({"rope": PatchRopePositionEmbedding(), "text": _llama_rotary()})
+    with pytest.warns(
+        UserWarning, match=r"leaves the rotary module rope \(PatchRopePositionEmbedding\) stock"
+    ):
         use_anyrope(model)
     assert is_patched(model["text"])
-    assert not is_patched(vision.rope_embeddings)
+    assert not is_patched(model["rope"])

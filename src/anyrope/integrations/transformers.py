@@ -174,12 +174,20 @@ def _unknown_rotaries(model: torch.nn.Module, known: set[torch.nn.Module]) -> di
     found = {}
     for name, module in model.named_modules():
         cls = type(module).__name__
-        if module not in known and any(word in cls for word in _ROTARY_NAME):
-            params = ", ".join(list(inspect.signature(type(module).forward).parameters)[1:])
+        if module in known or not any(word in cls for word in _ROTARY_NAME):
+            continue
+        model_type = getattr(getattr(module, "config", None), "model_type", None)
+        family = vision_family_of(model_type)
+        if family is not None and family.unsupported is not None:  # a tower known not to be RoPE
             found[f"{name} ({cls})"] = (
-                f"its forward takes ({params}), not position ids, and anyrope does not know how it "
-                "places its tokens; call anyrope.RoPE on q and k directly to rotate as it does"
+                f"anyrope cannot express the rotation of {model_type!r}: {family.unsupported}"
             )
+            continue
+        params = ", ".join(list(inspect.signature(type(module).forward).parameters)[1:])
+        found[f"{name} ({cls})"] = (
+            f"its forward takes ({params}), not position ids, and anyrope does not know how it "
+            "places its tokens; call anyrope.RoPE on q and k directly to rotate as it does"
+        )
     return found
 
 
@@ -524,7 +532,7 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     keeps the complex table of its one patch grid, gets anyrope's table in its place, checked
     at every patch. A module whose config anyrope cannot express or read (Gemma 4's vision
     tower, SAM 3's ViT, HunYuan-VL's text decoder, ...), or one named as a rotary module whose
-    forward anyrope does not recognise (DINOv3's takes pixel values), is left stock, with a
+    forward anyrope does not recognise (EfficientLoFTR's takes the feature map), is left stock, with a
     ``UserWarning`` that names it and says why.
 
     Raises
