@@ -84,6 +84,18 @@ VISION_FAMILIES = (
     V("dinov3_vit", unsupported=_PATCH_CENTRES),
     V("dots3_note_vision_encoder"),
     V("edgetam_video", **_SAM_MEMORY),
+    V(
+        "efficientloftr",
+        frequencies="blocks, pairs alternating",
+        layout="interleaved",
+        unsupported=(
+            "its rotary module makes its own grid from the feature map's shape (rows and columns "
+            "from 1 after the aggregation) and the attention rotates the whole hidden state before "
+            "the head split; anyrope does not read that config yet (as a stream map it is "
+            "pair_streams [0, 1, 0, 1, ...] with pair_frequencies [0, 0, 2, 2, ...] over hidden_size "
+            "features)"
+        ),
+    ),
     V("eomt_dinov3", unsupported=_PATCH_CENTRES),
     V("ernie4_5_vl_moe_vision"),
     V("exaone4_5_vision"),

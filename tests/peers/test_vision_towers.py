@@ -45,6 +45,7 @@ ROTARY = {
     "dinov3_vit": "dinov3_vit.DINOv3ViTRopePositionEmbedding",
     "dots3_note_vision_encoder": "dots3_note.Dots3NoteVisionRotaryEmbedding",
     "edgetam_video": "edgetam_video.EdgeTamVideoVisionRotaryEmbedding",
+    "efficientloftr": "efficientloftr.EfficientLoFTRRotaryEmbedding",
     "eomt_dinov3": "eomt_dinov3.EomtDinov3RotaryEmbedding",
     "ernie4_5_vl_moe_vision": "ernie4_5_vl_moe.Ernie4_5_VLMoeVisionRotaryEmbedding",
     "exaone4_5_vision": "exaone4_5.Exaone4_5_VisionRotaryEmbedding",

@@ -532,7 +532,7 @@ def use_anyrope(model: torch.nn.Module) -> torch.nn.Module:
     keeps the complex table of its one patch grid, gets anyrope's table in its place, checked
     at every patch. A module whose config anyrope cannot express or read (Gemma 4's vision
     tower, SAM 3's ViT, HunYuan-VL's text decoder, ...), or one named as a rotary module whose
-    forward anyrope does not recognise (EfficientLoFTR's takes the feature map), is left stock, with a
+    forward anyrope does not recognise (MusicFlamingo's takes timestamps), is left stock, with a
     ``UserWarning`` that names it and says why.
 
     Raises
