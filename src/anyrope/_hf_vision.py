@@ -15,7 +15,7 @@ from ._config import MISSING, ConfigReader
 from ._hf_scaling import _rope_parameters
 from ._vision_families import GENERIC_VISION, VisionFamily, vision_family_of
 
-__all__ = ["parse_vision_config", "vision_family"]
+__all__ = ["parse_vision_config", "refusal", "vision_family"]
 
 #: What a vision config's rope_type may say: transformers' vision configs turn "default" into
 #: "axial" (their ``default_rope_type``), and their rotary modules refuse every other type.
@@ -63,6 +63,11 @@ def _base(cfg: ConfigReader, params: ConfigReader, family: VisionFamily) -> floa
     return family.base
 
 
+def refusal(family: VisionFamily) -> str:
+    """Why anyrope does not express a refused vision tower's rotation, as its errors say it."""
+    return f"anyrope cannot express the rotation of {family.model_type!r} vision towers yet: {family.unsupported}"
+
+
 def parse_vision_config(
     cfg: ConfigReader, family: VisionFamily, *, layer_type: str | None = None, layer: int | None = None
 ) -> dict[str, Any]:
@@ -75,9 +80,7 @@ def parse_vision_config(
             f"leave {given} out"
         )
     if family.unsupported is not None:
-        raise ValueError(
-            f"anyrope cannot express the rotation of {name!r} vision towers yet: {family.unsupported}"
-        )
+        raise ValueError(refusal(family))
     params = _rope_parameters(cfg, None)
     rope_type = params.get("rope_type", params.get("type", "axial"))
     if rope_type not in _VISION_TYPES:

@@ -47,6 +47,7 @@ from anyrope._vision_families import VISION_FAMILIES
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
+from peers import test_vision_towers as towers
 from peers.in_model import LOGITS_RTOL, quiet_and_fast, relative  # noqa: F401 - quiet_and_fast: autouse
 from peers.tiny_models import OVERRIDES, _tiny_kwargs
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -54,7 +55,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_
 
 from anyrope.integrations.transformers import is_patched, remove_anyrope, use_anyrope
 
-SENSITIVITY = 10
+SENSITIVITY = towers.SENSITIVITY
 
 # Supported vision families that test_vision_towers.py runs whole (its IN_MODEL, Pixtral's and
 # Llama 4's encoders).
@@ -73,26 +74,9 @@ WHOLE_ELSEWHERE = {
     "qwen3_vl_vision",
 }
 
-# One vision block of head 16: as test_vision_towers.py's VISION, under each family's own keys.
-VISION = {
-    "depth": 1,
-    "num_hidden_layers": 1,
-    "num_heads": 4,
-    "num_attention_heads": 4,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "patch_size": 4,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "deepstack_visual_indexes": [],
-    "fullatt_block_indexes": [0],
-    "window_size": 16,
-    "num_position_embeddings": 64,
-    "image_size": 32,
-    "initializer_range": 0.1,
-}
-# (frames, rows, columns) of patches: 24 patches, 6 image tokens after the 2 x 2 merge.
-GRID = (1, 4, 6)
+# One vision block of head 16: test_vision_towers.py's, also under the keys other families use.
+VISION = {**towers.VISION, "num_hidden_layers": 1, "num_attention_heads": 4}
+GRID = towers.GRID  # (frames, rows, columns) of patches: 6 image tokens after the 2 x 2 merge
 
 
 @dataclass

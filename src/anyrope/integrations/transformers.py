@@ -42,6 +42,7 @@ from .._dtypes import isdtype
 from .._families import family_of
 from .._grid import grid_positions
 from .._hf import UnknownFamilyWarning
+from .._hf_vision import refusal
 from .._rope import RoPE, rotary_of
 from .._vision_families import vision_family_of
 
@@ -176,12 +177,9 @@ def _unknown_rotaries(model: torch.nn.Module, known: set[torch.nn.Module]) -> di
         cls = type(module).__name__
         if module in known or not any(word in cls for word in _ROTARY_NAME):
             continue
-        model_type = getattr(getattr(module, "config", None), "model_type", None)
-        family = vision_family_of(model_type)
+        family = vision_family_of(getattr(getattr(module, "config", None), "model_type", None))
         if family is not None and family.unsupported is not None:  # a tower known not to be RoPE
-            found[f"{name} ({cls})"] = (
-                f"anyrope cannot express the rotation of {model_type!r}: {family.unsupported}"
-            )
+            found[f"{name} ({cls})"] = refusal(family)
             continue
         params = ", ".join(list(inspect.signature(type(module).forward).parameters)[1:])
         found[f"{name} ({cls})"] = (
