@@ -25,6 +25,7 @@ __all__ = [
     "device_of",
     "environment",
     "host_array",
+    "is_exporting",
     "is_library",
     "is_mlx_namespace",
     "is_traced",
@@ -268,6 +269,17 @@ def is_traced(xp: Any, *arrays: Any) -> bool:
 
         return any(isinstance(x, jax.core.Tracer) for x in arrays)
     return False
+
+
+def is_exporting(xp: Any) -> bool:
+    """Whether ``torch.export`` is tracing a torch call: compiling, but not by dynamo (which
+    ``torch.compile`` uses). torch 2.11's ``is_exporting()`` also answers True under
+    ``torch.compile``, so it is not asked."""
+    if not is_library(xp, "torch"):
+        return False
+    import torch
+
+    return bool(torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling())
 
 
 def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from ._arrays import is_installed
-from ._compat import is_c_contiguous
+from ._compat import is_c_contiguous, is_exporting
 from ._context import CallContext
 from ._dtypes import dtype_name
 from ._layout import Layout
@@ -43,6 +43,7 @@ class KernelKey(NamedTuple):
     unsigned64: bool  # 64-bit unsigned position integers
     strided_out: bool  # an in-place or out= destination that is not C-contiguous
     table_grad: bool  # the caller's tables themselves need gradients
+    exported: bool  # traced by torch.export: the program must hold standard operators only
 
 
 def key_prefix(ctx: CallContext, dtype: Any, layout: Layout, inplace: bool) -> tuple[Any, ...]:
@@ -112,6 +113,7 @@ def make_job(
     key: KernelKey = tuple.__new__(KernelKey, (  # a NamedTuple's own _make, without its Python frame
         *prefix, source.kind, source.device_frequencies, env.float64 and env.index_bits == 64,
         source.unsigned64, out is not None and not is_c_contiguous(ctx.xp, out), source.table_grad,
+        ctx.traced and is_exporting(ctx.xp),
     ))  # fmt: skip
     return Job(
         ctx=ctx, x=x, arg=arg, seq_axis=seq_axis, layout=layout, inverse=inverse, out=out, source=source,
@@ -124,8 +126,8 @@ class Kernel:
     """One way to rotate, and everything it takes. Empty ``libraries``, ``devices``, ``dtypes`` or
     ``sources`` mean "any"; ``requires`` names optional modules it needs (checked without
     importing them). The flags say whether it takes in-place writes, tracing, gradients,
-    frequencies chosen on the device, 64-bit unsigned positions, strided destinations and
-    tables that need gradients, and whether it needs float64 on the device."""
+    frequencies chosen on the device, 64-bit unsigned positions, strided destinations,
+    tables that need gradients and torch.export, and whether it needs float64 on the device."""
 
     name: str
     summary: str
@@ -146,6 +148,9 @@ class Kernel:
     unsigned64: bool = True
     strided_out: bool = True
     table_grad: bool = True
+    # Whether torch.export may record it: an exported program is read by ONNX, AOTInductor and
+    # other runtimes, which know standard operators only.
+    exportable: bool = True
     needs_float64: bool = False
     # Whether every module in ``requires`` is installed: found once, when the kernel is declared,
     # because a compiler tracing a call cannot trace importlib's lookup (dynamo refuses find_spec).
@@ -204,6 +209,7 @@ _FLAGS = (
     ("unsigned64", "64-bit unsigned positions"),
     ("strided_out", "strided destination"),
     ("table_grad", "gradients for the tables"),
+    ("exported", "torch.export (whose programs hold standard operators only)"),
 )
-_DECLARED_BY = {"traced": "traceable", "grad": "differentiable"}
+_DECLARED_BY = {"traced": "traceable", "grad": "differentiable", "exported": "exportable"}
 _NEEDS_FLOAT64 = "it needs float64 and 64-bit integers on the device"
