@@ -66,6 +66,7 @@ VARIANT_ORDER = (
     "anyrope-generic",
     "anyrope-inplace",
     "anyrope-compiled",
+    "anyrope-aoti",
     "anyrope-jit",
     "anyrope-mx-compile",
     "numpy-formula",
@@ -88,7 +89,7 @@ REFERENCES = {"mx.fast.rope": True, "transformers-apply": False, "numpy-formula"
 COMPILED_REFERENCES = {"mx.fast.rope-compiled": True, "transformers-full-compiled": False, "naive-jit": True}
 # Variants that run under a compiler; each backend's compiled copy (BackendSpec.compiled_copy) too.
 COMPILED = frozenset({
-    "copy-compiled", "anyrope-compiled", "anyrope-jit", "anyrope-mx-compile", "naive-jit",
+    "copy-compiled", "anyrope-compiled", "anyrope-aoti", "anyrope-jit", "anyrope-mx-compile", "naive-jit",
     "transformers-apply-compiled", "transformers-full-compiled", "mx.fast.rope-compiled",
 })  # fmt: skip
 
@@ -274,7 +275,8 @@ def variants_of(spec: BackendSpec, case: Case, layout: str) -> list[tuple[str, i
             found += [("transformers-apply-compiled", 2, ""), ("transformers-full-compiled", 2, "")]
     if library == "torch" and layout == "interleaved":
         found.append(("rotary-embedding-torch", n, _peer("rotary_embedding_torch")))
-    if library == "torch" and not spec.gpu:  # the model exported to ONNX, run by ONNX Runtime's CPU kernels
+    if library == "torch" and not spec.gpu:  # exported: AOTInductor's package; ONNX Runtime's CPU kernels
+        found.append(("anyrope-aoti", n, ""))
         found += [(variant, n, _peer("onnxruntime")) for variant in ONNX_VARIANTS]
     if library == "mlx":
         found += [("mx.fast.rope", n, ""), ("mx.fast.rope-compiled", n, "")]

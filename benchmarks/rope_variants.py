@@ -93,6 +93,26 @@ def _compiled(g: Group) -> Call:
     )
 
 
+def _aot_inductor(g: Group) -> Call:
+    """The call in a torch module, exported by ``torch.export`` and compiled ahead of time by
+    AOTInductor, its package loaded and run (decode offsets an input of the program)."""
+    import tempfile
+
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+    torch, rope, decode, offset = g.rt.module, g.rope, g.case.decode, g.case.offset
+
+    class Rotate(torch.nn.Module):  # type: ignore[misc, name-defined]  # torch is the runtime's module
+        def forward(self, q: Any, k: Any, offsets: Any) -> Any:
+            return rope(q, k, offset=offsets) if decode else rope(q, offset=offset)
+
+    inputs = (g.q, g.k, g.offsets if decode else torch.zeros(1, dtype=torch.int64))
+    with tempfile.TemporaryDirectory() as folder:  # the loaded package keeps what it needs
+        program = torch.export.export(Rotate(), inputs)
+        loaded = aoti_load_package(aoti_compile_and_package(program, package_path=folder + "/rope.pt2"))
+    return lambda: loaded(*inputs)
+
+
 def naive_formula(np: ModuleType, x: Any, positions: Any, layout: str, base: float = BASE) -> Any:
     """RoPE as a NumPy user writes it from the paper: frequencies, angles and tables in the call.
 
@@ -286,6 +306,7 @@ BUILDERS: dict[str, Callable[[Group], Call]] = {
     "anyrope-generic": _generic,
     "anyrope-inplace": inplace_call,
     "anyrope-compiled": _compiled,
+    "anyrope-aoti": _aot_inductor,
     "anyrope-jit": _compiled,
     "anyrope-mx-compile": _compiled,
     "numpy-formula": _numpy_formula,
@@ -306,6 +327,7 @@ NOTES = {
     "anyrope-generic": "inside use_fast_paths(False)",
     "anyrope-inplace": "inplace=True",
     "anyrope-compiled": "torch.compile(fullgraph=True) of the call (decode offsets traced)",
+    "anyrope-aoti": "torch.export of the call, AOTInductor's package loaded and run (decode offsets an input)",
     "anyrope-jit": "jax.jit of the call (decode offsets traced)",
     "anyrope-mx-compile": "mx.compile of the call (decode offsets traced)",
     "numpy-formula": "base ** (-arange(0, d, 2) / d), angles, cos/sin, rotation, all in the call",

@@ -169,7 +169,7 @@ def _host(backend: str, result: Any) -> list[Any]:
 
 # What each compiled variant must compute, within a tolerance: the eager anyrope call (or, for
 # the copy, q and k themselves); the peers' tables are float32, off by 1e-4 at decode positions.
-COMPILED_AGREE = {"copy-compiled": 0.0, "copy": 0.0, "anyrope-compiled": 1e-6, "anyrope-jit": 1e-6,
+COMPILED_AGREE = {"copy-compiled": 0.0, "copy": 0.0, "anyrope-compiled": 1e-6, "anyrope-aoti": 1e-6, "anyrope-jit": 1e-6,
                   "anyrope-mx-compile": 1e-6, "naive-jit": 1e-3, "mx.fast.rope-compiled": 1e-3,
                   "transformers-apply-compiled": 1e-3, "transformers-full-compiled": 1e-3}  # fmt: skip
 
