@@ -93,6 +93,18 @@ def _compiled(g: Group) -> Call:
     )
 
 
+def _exportable(g: Group, rotate: Callable[..., Any]) -> tuple[Any, tuple[Any, ...]]:
+    """A torch module whose forward(q, k, offsets) is ``rotate``'s call of the case, and its
+    inputs: decode offsets an input of the program, prefill's Python offset a constant."""
+    torch, decode, offset = g.rt.module, g.case.decode, g.case.offset
+
+    class Rotate(torch.nn.Module):  # type: ignore[misc, name-defined]  # torch is the runtime's module
+        def forward(self, q: Any, k: Any, offsets: Any) -> Any:
+            return rotate(q, k, offset=offsets) if decode else rotate(q, offset=offset)
+
+    return Rotate().eval(), (g.q, g.k, g.offsets if decode else torch.zeros(1, dtype=torch.int64))
+
+
 def _aot_inductor(g: Group) -> Call:
     """The call in a torch module, exported by ``torch.export`` and compiled ahead of time by
     AOTInductor, its package loaded and run (decode offsets an input of the program)."""
@@ -100,15 +112,10 @@ def _aot_inductor(g: Group) -> Call:
 
     from torch._inductor import aoti_compile_and_package, aoti_load_package
 
-    torch, rope, decode, offset = g.rt.module, g.rope, g.case.decode, g.case.offset
-
-    class Rotate(torch.nn.Module):  # type: ignore[misc, name-defined]  # torch is the runtime's module
-        def forward(self, q: Any, k: Any, offsets: Any) -> Any:
-            return rope(q, k, offset=offsets) if decode else rope(q, offset=offset)
-
-    inputs = (g.q, g.k, g.offsets if decode else torch.zeros(1, dtype=torch.int64))
+    torch = g.rt.module
+    module, inputs = _exportable(g, g.rope)
     with tempfile.TemporaryDirectory() as folder:  # the loaded package keeps what it needs
-        program = torch.export.export(Rotate(), inputs)
+        program = torch.export.export(module, inputs)
         loaded = aoti_load_package(aoti_compile_and_package(program, package_path=folder + "/rope.pt2"))
     return lambda: loaded(*inputs)
 
@@ -264,16 +271,10 @@ def _onnx_runtime(g: Group, op: bool) -> Call:
 
     torch, onnxruntime = g.rt.module, importlib.import_module("onnxruntime")
     rope = anyrope.RoPE(g.case.dims[3], base=BASE, layout=g.layout, max_position=8192)
-    layer, decode, offset = RotaryEmbedding(rope, onnx_op=None if op else False), g.case.decode, g.case.offset
-
-    class Rotate(torch.nn.Module):  # type: ignore[misc, name-defined]  # torch is the runtime's module
-        def forward(self, q: Any, k: Any, offsets: Any) -> Any:
-            return layer(q, k, offset=offsets) if decode else layer(q, offset=offset)
-
-    inputs = (g.q, g.k, g.offsets if decode else torch.zeros(1, dtype=torch.int64))
+    module, inputs = _exportable(g, RotaryEmbedding(rope, onnx_op=None if op else False))
     with warnings.catch_warnings():  # torch's own, as it decomposes the program
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(Rotate().eval(), inputs, dynamo=True, opset_version=23, verbose=False)
+        program = torch.onnx.export(module, inputs, dynamo=True, opset_version=23, verbose=False)
     model = program.model_proto
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]  # an input the graph does not read is dropped

@@ -296,7 +296,7 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
         return cos, sin
     import torch
 
-    # Asked of dynamo itself: torch 2.11's dynamo answers is_exporting() True under torch.compile
+    # Asked of dynamo itself, not is_exporting() (see is_exporting)
     if not torch.compiler.is_dynamo_compiling() or not hasattr(torch.library, "custom_op"):  # torch < 2.4
         return cos, sin
     from ._torch_ops import keep_tables as keep  # defines its operator as it loads: eagerly, never traced
