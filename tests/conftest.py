@@ -31,7 +31,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "feature(name): the test exercises a feature a backend may lack")
     config.addinivalue_line("markers", "dtypes(*names): run only for these floating dtypes of each backend")
     config.addinivalue_line(
-        "markers", "kernel_takes(*what): only kernels (and backends) that take in-place writes or gradients"
+        "markers",
+        "kernel_takes(*what): only kernels (and backends) that take in-place writes, gradients or "
+        "the tracing of the backend's compilers",
     )
     config.addinivalue_line(
         "markers",
@@ -76,6 +78,11 @@ def _dtypes(target: str) -> list[str]:
     return loaded.dtypes if isinstance(loaded, Backend) else ["float32"]
 
 
+def _traces(backend: Backend, kernel: Any) -> bool:
+    """Whether ``kernel`` takes the trace of ``backend``'s compilers (torch's: torch.compile)."""
+    return not kernel.tracers or ("torch.compile" if backend.name == "torch" else "other") in kernel.tracers
+
+
 def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
     for marker in metafunc.definition.iter_markers("parametrize"):
         names = marker.args[0]
@@ -85,9 +92,9 @@ def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
 
 
 def _kernel_combos(metafunc: pytest.Metafunc, targets: list[str]) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """(backend, kernel[, dtype][, layout]) for every combination a kernel's declaration takes:
-    the backend's library and device type, and the dtypes (the backend's, narrowed by a
-    ``dtypes`` marker) and layouts it declares; a ``kernel_takes("inplace"|"gradients")`` marker
+    """(backend, kernel[, dtype][, layout][, mode]) for every combination a kernel's declaration
+    takes: the backend's library and device type, the dtypes (the backend's, narrowed by a
+    ``dtypes`` marker) and layouts it declares, and the backend's modes; a ``kernel_takes("inplace"|"gradients"|"tracing")`` marker
     keeps kernels (and backends) with those. Nothing outside a declaration is built to be skipped."""
     import anyrope
     from anyrope._arrays import LIBRARIES
@@ -98,6 +105,7 @@ def _kernel_combos(metafunc: pytest.Metafunc, targets: list[str]) -> tuple[list[
     wanted = set(dtype_marker.args) if dtype_marker is not None else None
     by_dtype = "dtype" in metafunc.fixturenames and not _parametrized(metafunc, "dtype")
     by_layout = "layout" in metafunc.fixturenames and not _parametrized(metafunc, "layout")
+    by_mode = "mode" in metafunc.fixturenames
     combos: list[tuple[Any, ...]] = []
     for target in targets:
         loaded = _load(target)
@@ -110,6 +118,8 @@ def _kernel_combos(metafunc: pytest.Metafunc, targets: list[str]) -> tuple[list[
                     continue
                 if "gradients" in takes and not (loaded.autograd and k.differentiable):
                     continue
+                if "tracing" in takes and not (k.traceable and _traces(loaded, k)):
+                    continue
             if "inplace" in takes and not k.inplace:
                 continue
             dtypes: list[Any] = [None]
@@ -120,9 +130,19 @@ def _kernel_combos(metafunc: pytest.Metafunc, targets: list[str]) -> tuple[list[
                     if (not k.dtypes or d in k.dtypes) and (wanted is None or d in wanted)
                 ]
             layouts: list[Any] = sorted(k.layouts) if by_layout else [None]
-            combos += [(target, k.name, d, lay) for d in dtypes for lay in layouts]
-    names = ["backend", "kernel", *(["dtype"] if by_dtype else []), *(["layout"] if by_layout else [])]
-    keep = [0, 1, *([2] if by_dtype else []), *([3] if by_layout else [])]
+            modes: list[Any] = [None]
+            if by_mode:  # the compiled ones alone where the test is of tracing
+                chosen = _modes(target, metafunc.config.getoption("--mode"))
+                modes = [m for m in chosen if not ("tracing" in takes and m == "eager")]
+            combos += [(target, k.name, d, lay, m) for d in dtypes for lay in layouts for m in modes]
+    names = [
+        "backend",
+        "kernel",
+        *(["dtype"] if by_dtype else []),
+        *(["layout"] if by_layout else []),
+        *(["mode"] if by_mode else []),
+    ]
+    keep = [0, 1, *([2] if by_dtype else []), *([3] if by_layout else []), *([4] if by_mode else [])]
     return names, [tuple(c[i] for i in keep) for c in combos]
 
 

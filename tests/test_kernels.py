@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import anyrope
+from anyrope._compat import TRACERS
 from anyrope._job import SOURCES, KernelKey
 
 from harness import Backend, assert_close, assert_same
@@ -174,6 +175,37 @@ def test_kernel_gradients_match_generic(
     assert_close(backend, fast, backend.to_numpy(generic), dtype)
 
 
+@pytest.mark.kernel_takes("tracing")
+@pytest.mark.dtypes("float32", "bfloat16")  # compiling is slow: a 16-bit type and a wider one
+def test_kernel_compiled_equals_eager(
+    backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str, mode: str
+) -> None:
+    """Under each of the backend's compilers whose trace the kernel takes, the kernel itself
+    runs (by name: no silent fallback) and equals its eager call: a prefill at an offset, q and k
+    at traced per-row offsets, and in place where it writes in place."""
+    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
+    rng = np.random.default_rng(6)
+    q, k = (backend.asarray(rng.standard_normal(shape), dtype) for shape in ((2, 3, 7, 16), (2, 1, 7, 16)))
+    offsets = backend.asarray(np.array([1, 50]))
+
+    def calls(q: Any, k: Any, offsets: Any) -> tuple[Any, ...]:
+        return (rope(q, offset=3), *rope(q, k, offset=offsets))
+
+    inplace = kernel.inplace and "inplace" not in backend.deviations
+
+    def in_place(q: Any) -> Any:
+        return rope(q, offset=3, inplace=True)
+
+    with anyrope.use_fast_paths(kernel.name):
+        eager = calls(q, k, offsets)
+        for got, want in zip(backend.compile(calls, mode)(q, k, offsets), eager, strict=True):
+            assert_same(backend, got, want, dtype)
+        if inplace:
+            target = backend.asarray(backend.to_numpy(q), dtype)
+            backend.compile(in_place, mode)(target)
+            assert_same(backend, target, eager[0], dtype)
+
+
 # dask computes in worker threads, where np.errstate (thread-local) does not reach
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.dtypes("float16", "bfloat16")
@@ -321,6 +353,7 @@ KEYS = st.builds(
     unsigned64=st.booleans(),
     strided_out=st.booleans(),
     table_grad=st.booleans(),
+    tracer=st.sampled_from(("", *TRACERS)),
 )
 
 

@@ -316,6 +316,30 @@ def test_compiled_calls_at_an_int_offset_read_the_kept_tables(torch: Any) -> Non
                 torch.testing.assert_close(got_x, want, rtol=0, atol=0)
 
 
+def test_compiled_cpu_calls_run_the_numba_kernel_as_an_operator(torch: Any) -> None:
+    """Where numba is installed, a compiled CPU call rotates q and k through the numba kernel's
+    operator (inductor's own loop is 2x a copy for interleaved 16-bit pairs, numba's half of
+    one), on the tables formed once; it equals the eager call bit for bit, gradients too."""
+    if not {k.name: k for k in anyrope.kernels()}["numba"].available:
+        pytest.skip("numba is not installed")
+    rope = anyrope.RoPE(16, layout="interleaved", rotary_dim=12)
+    q, k, offsets = torch.randn(2, 4, 6, 16), torch.randn(2, 1, 6, 16), torch.tensor([3, 900])
+    ops = _graph_ops(torch, lambda q, k, o: rope(q, k, offset=o), q, k, offsets)
+    assert sum("numba_rotate" in op for op in ops) == 2, ops  # q and k
+    assert sum("keep_tables" in op for op in ops) == 1, ops
+    torch._dynamo.reset()
+    leaf = q.clone().requires_grad_()
+    compiled = torch.compile(lambda q, k, o: rope(q, k, offset=o), fullgraph=True)
+    got = compiled(leaf, k, offsets)
+    want = rope(q, k, offset=offsets)
+    for got_x, want_x in zip(got, want, strict=True):
+        torch.testing.assert_close(got_x, want_x, rtol=0, atol=0)
+    upstream = torch.randn_like(q)
+    (grad,) = torch.autograd.grad(got[0], leaf, upstream)
+    # the gradient of a rotation is the inverse rotation
+    torch.testing.assert_close(grad, rope(upstream, offset=offsets, inverse=True), rtol=0, atol=0)
+
+
 def test_exported_programs_keep_to_standard_operators(torch: Any) -> None:
     """torch.export sees no anyrope operator on the generic path: ONNX and AOTInductor runtimes know
     every operator of the program."""

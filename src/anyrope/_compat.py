@@ -18,6 +18,7 @@ from ._memo import Memo
 from ._mlx import MLXNamespace, mlx_namespace
 
 __all__ = [
+    "TRACERS",
     "Environment",
     "array_namespace",
     "check_same_device",
@@ -25,7 +26,6 @@ __all__ = [
     "device_of",
     "environment",
     "host_array",
-    "is_exporting",
     "is_library",
     "is_mlx_namespace",
     "is_traced",
@@ -33,6 +33,7 @@ __all__ = [
     "library_name",
     "materialize",
     "take_rows",
+    "tracer",
 ]
 
 
@@ -271,15 +272,25 @@ def is_traced(xp: Any, *arrays: Any) -> bool:
     return False
 
 
-def is_exporting(xp: Any) -> bool:
-    """Whether ``torch.export`` is tracing a torch call: compiling, but not by dynamo (which
-    ``torch.compile`` uses). torch 2.11's ``is_exporting()`` also answers True under
-    ``torch.compile``, so it is not asked."""
+#: What traces a traced call, as kernels declare it (see :func:`tracer`).
+TRACERS = ("torch.compile", "torch.export", "other")
+
+
+def tracer(xp: Any, traced: bool) -> str:
+    """What traces a call (``traced``: :func:`is_traced` said so): "torch.compile" while dynamo
+    traces it, "torch.export" while torch.export does (compiling, but not by dynamo), "other" for
+    every other tracer (``jax.jit``, ``torch.jit.trace``, ``torch.func``, fake tensors), and ""
+    for an eager call. torch 2.11's ``is_exporting()`` also answers True under ``torch.compile``,
+    so it is not asked."""
+    if not traced:
+        return ""
     if not is_library(xp, "torch"):
-        return False
+        return "other"
     import torch
 
-    return bool(torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling())
+    if torch.compiler.is_dynamo_compiling():
+        return "torch.compile"
+    return "torch.export" if torch.compiler.is_compiling() else "other"
 
 
 def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
@@ -296,7 +307,7 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
         return cos, sin
     import torch
 
-    # Asked of dynamo itself, not is_exporting() (see is_exporting)
+    # Asked of dynamo itself, not is_exporting() (see tracer)
     if not torch.compiler.is_dynamo_compiling() or not hasattr(torch.library, "custom_op"):  # torch < 2.4
         return cos, sin
     from ._torch_ops import keep_tables as keep  # defines its operator as it loads: eagerly, never traced

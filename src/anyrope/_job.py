@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from ._arrays import is_installed
-from ._compat import is_c_contiguous, is_exporting
+from ._compat import TRACERS, is_c_contiguous, tracer
 from ._context import CallContext
 from ._dtypes import dtype_name
 from ._layout import Layout
@@ -43,7 +43,7 @@ class KernelKey(NamedTuple):
     unsigned64: bool  # 64-bit unsigned position integers
     strided_out: bool  # an in-place or out= destination that is not C-contiguous
     table_grad: bool  # the caller's tables themselves need gradients
-    exported: bool  # traced by torch.export: the program must hold standard operators only
+    tracer: str  # what traces the call (see anyrope._compat.tracer), "" for an eager call
 
 
 def key_prefix(ctx: CallContext, dtype: Any, layout: Layout, inplace: bool) -> tuple[Any, ...]:
@@ -113,7 +113,7 @@ def make_job(
     key: KernelKey = tuple.__new__(KernelKey, (  # a NamedTuple's own _make, without its Python frame
         *prefix, source.kind, source.device_frequencies, env.float64 and env.index_bits == 64,
         source.unsigned64, out is not None and not is_c_contiguous(ctx.xp, out), source.table_grad,
-        ctx.traced and is_exporting(ctx.xp),
+        tracer(ctx.xp, ctx.traced),
     ))  # fmt: skip
     return Job(
         ctx=ctx, x=x, arg=arg, seq_axis=seq_axis, layout=layout, inverse=inverse, out=out, source=source,
@@ -127,7 +127,8 @@ class Kernel:
     ``sources`` mean "any"; ``requires`` names optional modules it needs (checked without
     importing them). The flags say whether it takes in-place writes, tracing, gradients,
     frequencies chosen on the device, 64-bit unsigned positions, strided destinations,
-    tables that need gradients and torch.export, and whether it needs float64 on the device."""
+    tables that need gradients, and whether it needs float64 on the device; ``tracers``: those a
+    traceable kernel takes (empty: every one, as the sets)."""
 
     name: str
     summary: str
@@ -148,9 +149,10 @@ class Kernel:
     unsigned64: bool = True
     strided_out: bool = True
     table_grad: bool = True
-    # Whether torch.export may record it: an exported program is read by ONNX, AOTInductor and
-    # other runtimes, which know standard operators only.
-    exportable: bool = True
+    # The tracers it takes, where it is traceable (ANY: every one). torch.export is left out by
+    # a kernel that is a custom op: an exported program is read by ONNX, AOTInductor and other
+    # runtimes, which know standard operators only.
+    tracers: frozenset[str] = ANY
     needs_float64: bool = False
     # Whether every module in ``requires`` is installed: found once, when the kernel is declared,
     # because a compiler tracing a call cannot trace importlib's lookup (dynamo refuses find_spec).
@@ -168,6 +170,8 @@ class Kernel:
         for flag, what in _FLAGS:
             if getattr(key, flag) and not getattr(self, _DECLARED_BY.get(flag, flag)):
                 return f"no {what}"
+        if key.tracer and self.tracers and key.tracer not in self.tracers:
+            return f"no {_TRACED_BY[key.tracer]}"
         if self.needs_float64 and not key.float64:
             return _NEEDS_FLOAT64
         if not self.available:
@@ -178,6 +182,7 @@ class Kernel:
         """What this kernel does not take besides its sets and its in-place, tracing and gradient
         flags (the docs' table has columns for those), in why_not's words."""
         return (
+            *(_TRACED_BY[t] for t in TRACERS if self.traceable and self.tracers and t not in self.tracers),
             *(what for flag, what in _FLAGS[3:] if not getattr(self, _DECLARED_BY.get(flag, flag))),
             *((_NEEDS_FLOAT64.removeprefix("it "),) if self.needs_float64 else ()),
         )
@@ -209,7 +214,11 @@ _FLAGS = (
     ("unsigned64", "64-bit unsigned positions"),
     ("strided_out", "strided destination"),
     ("table_grad", "gradients for the tables"),
-    ("exported", "torch.export (whose programs hold standard operators only)"),
 )
-_DECLARED_BY = {"traced": "traceable", "grad": "differentiable", "exported": "exportable"}
+_DECLARED_BY = {"traced": "traceable", "grad": "differentiable"}
+_TRACED_BY = {  # how a refusal of each tracer reads
+    "torch.compile": "tracing by torch.compile",
+    "torch.export": "torch.export (whose programs hold standard operators only)",
+    "other": "tracing other than by torch.compile or torch.export (jax.jit, torch.func, torch.jit.trace, fake tensors)",
+}
 _NEEDS_FLOAT64 = "it needs float64 and 64-bit integers on the device"

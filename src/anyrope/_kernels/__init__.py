@@ -56,9 +56,10 @@ REGISTRY: tuple[Kernel, ...] = (
         run=triton_cuda.run,
         run_pair=triton_cuda.run_pair,
         requires=("triton",),
-        # An exported program holding anyrope's op loads only where anyrope is imported, ONNX has
-        # no such operator, and AOTInductor's package of it crashed at load (torch 2.11, CUDA).
-        exportable=False,
+        # Not torch.export: an exported program holding anyrope's op loads only where anyrope is
+        # imported, ONNX has no such operator, and AOTInductor's package of it crashed at load
+        # (torch 2.11, CUDA).
+        tracers=frozenset({"torch.compile", "other"}),
         **FUSED,
     ),
     Kernel(
@@ -79,13 +80,18 @@ REGISTRY: tuple[Kernel, ...] = (
     Kernel(
         name="numba",
         summary="one parallel numba pass that reads each token's table row by position "
-        "(16-bit floats widened in registers); torch gradients through an autograd.Function",
+        "(16-bit floats widened in registers); torch gradients through an autograd.Function, and "
+        "under torch.compile a torch op of its own that inductor calls between its kernels, "
+        "its gradient the inverse rotation through the same op",
         libraries=frozenset({"numpy", "torch"}),
         devices=frozenset({"cpu"}),
         layouts=BOTH,
         dtypes=FLOATS | {"float16", "bfloat16"},
         inplace=True,
-        traceable=False,
+        traceable=True,
+        # Only dynamo's trace: torch.export programs keep to standard operators, and torch.func
+        # transforms would need the op's vmap rule.
+        tracers=frozenset({"torch.compile"}),
         differentiable=True,
         run=numba_cpu.run,
         requires=("numba",),

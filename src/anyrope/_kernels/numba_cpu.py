@@ -4,7 +4,8 @@ It reads each token's cos/sin row by position from a table: the cached prefix ta
 positions are host-known and inside it (no gathered copy, which is most of a decode step's
 cost), else the call's own tables with rows 0, 1, 2, .... torch tensors reach it through
 zero-copy NumPy views, inside an ``autograd.Function`` whose backward is the inverse rotation
-through the same kernel. 16-bit floats travel as their int16 bits, widened in registers and
+through the same kernel; while ``torch.compile`` traces them, through a torch operator
+(:mod:`._numba_op`). 16-bit floats travel as their int16 bits, widened in registers and
 rounded once, bit for bit as the generic path.
 """
 
@@ -17,7 +18,7 @@ from .._job import Job
 from .._pairs import five_axes
 from . import _numba
 
-__all__ = ["run"]
+__all__ = ["rows_of", "run", "run_kernel"]
 
 
 # How the kernel takes x of a declared dtype: 16-bit types as int16 bits, the others ("float") as is.
@@ -39,7 +40,7 @@ def host_view(x: Any) -> Any:
     return x.view(torch.int16).numpy() if x.dtype in (torch.float16, torch.bfloat16) else x.numpy()
 
 
-def _rows_of(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
+def rows_of(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
     """Compact (seq, h) or (tb, seq, h) tables as (tb * seq, h) rows, and the (tb, seq) rows' indices."""
     import numpy as np
 
@@ -52,16 +53,24 @@ def _rows_of(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
 
 def run(job: Job) -> Any:
     x = job.x
-    found = job.source.lookup(x.shape[job.seq_axis], job.compute)
-    cos, sin, rows = found if found is not None else _rows_of(job.ctx.xp, *job.tables())
-    out = job.out  # C-contiguous where given (declared), and tables in the compute dtype
     kind = _STORAGE.get(job.key.dtype, "float")
+    if job.key.tracer:  # torch.compile's, the one tracer it takes: its op, on the call's tables
+        from . import _numba_op  # imports torch, which x came from
+
+        rotated = _numba_op.rotate(x, *job.tables(), kind, job.layout, job.inverse, job.seq_axis)
+        if job.out is None:
+            return rotated
+        job.out[...] = rotated
+        return job.out
+    found = job.source.lookup(x.shape[job.seq_axis], job.compute)
+    cos, sin, rows = found if found is not None else rows_of(job.ctx.xp, *job.tables())
+    out = job.out  # C-contiguous where given (declared), and tables in the compute dtype
     if job.ctx.grad:
         return _autograd().apply(x, cos, sin, rows, kind, job.layout, job.inverse, job.seq_axis)
-    return _run_kernel(x, cos, sin, rows, out, kind, job.layout, job.inverse, job.seq_axis)
+    return run_kernel(x, cos, sin, rows, out, kind, job.layout, job.inverse, job.seq_axis)
 
 
-def _run_kernel(
+def run_kernel(
     x: Any, cos: Any, sin: Any, rows: Any, out: Any, kind: str, layout: str, inverse: bool, seq_axis: int
 ) -> Any:
     import numpy as np
@@ -163,7 +172,7 @@ def _autograd() -> Any:
                     inverse,
                     seq_axis,
                 )
-                return _run_kernel(x.contiguous(), cos, sin, rows, None, kind, layout, inverse, seq_axis)
+                return run_kernel(x.contiguous(), cos, sin, rows, None, kind, layout, inverse, seq_axis)
 
             @staticmethod
             def backward(ctx: Any, grad: Any) -> Any:
