@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import numba_cpu
+from ._numba_run import rows_of, run_kernel
 
 __all__ = ["rotate"]
 
@@ -28,10 +28,8 @@ def rotate(
     seq_axis: int,
 ) -> torch.Tensor:
     """x rotated by (seq, pairs) or (rows, seq, pairs) tables into a new C-contiguous tensor."""
-    flat_cos, flat_sin, rows = numba_cpu.rows_of(torch, cos, sin)
-    return numba_cpu.run_kernel(
-        x.contiguous(), flat_cos, flat_sin, rows, None, kind, layout, inverse, seq_axis
-    )
+    flat_cos, flat_sin, rows = rows_of(torch, cos, sin)
+    return run_kernel(x.contiguous(), flat_cos, flat_sin, rows, None, kind, layout, inverse, seq_axis)
 
 
 @rotate.register_fake

@@ -3,57 +3,24 @@
 It reads each token's cos/sin row by position from a table: the cached prefix table where the
 positions are host-known and inside it (no gathered copy, which is most of a decode step's
 cost), else the call's own tables with rows 0, 1, 2, .... torch tensors reach it through
-zero-copy NumPy views, inside an ``autograd.Function`` whose backward is the inverse rotation
-through the same kernel; while ``torch.compile`` traces them, through a torch operator
-(:mod:`._numba_op`). 16-bit floats travel as their int16 bits, widened in registers and
-rounded once, bit for bit as the generic path.
+zero-copy NumPy views (:mod:`._numba_run`), inside an ``autograd.Function`` whose backward is
+the inverse rotation through the same kernel; while ``torch.compile`` traces them, through a
+torch operator (:mod:`._numba_op`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from .._job import Job
-from .._pairs import five_axes
-from . import _numba
+from ._numba_run import STORAGE, rows_of, run_kernel
 
-__all__ = ["rows_of", "run", "run_kernel"]
-
-
-# How the kernel takes x of a declared dtype: 16-bit types as int16 bits, the others ("float") as is.
-_STORAGE = {"float16": "float16", "bfloat16": "bfloat16"}
-
-
-def _is_numpy(x: Any) -> bool:
-    return type(x).__module__ == "numpy"
-
-
-def host_view(x: Any) -> Any:
-    """A NumPy array or CPU tensor as a NumPy array sharing its memory; 16-bit floats as int16 bits."""
-    if _is_numpy(x):
-        return x.view(_int16()) if x.dtype.itemsize == 2 else x  # float16: NumPy's only 16-bit float
-    import torch
-
-    if x.requires_grad:
-        x = x.detach()
-    return x.view(torch.int16).numpy() if x.dtype in (torch.float16, torch.bfloat16) else x.numpy()
-
-
-def rows_of(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
-    """Compact (seq, h) or (tb, seq, h) tables as (tb * seq, h) rows, and the (tb, seq) rows' indices."""
-    import numpy as np
-
-    if cos.ndim == 2:
-        cos, sin = cos[None], sin[None]
-    tb, seq, pairs = cos.shape
-    rows = np.arange(tb * seq, dtype=np.int64).reshape(tb, seq)
-    return xp.reshape(cos, (tb * seq, pairs)), xp.reshape(sin, (tb * seq, pairs)), rows
+__all__ = ["run"]
 
 
 def run(job: Job) -> Any:
     x = job.x
-    kind = _STORAGE.get(job.key.dtype, "float")
+    kind = STORAGE.get(job.key.dtype, "float")
     if job.key.tracer:  # torch.compile's, the one tracer it takes: its op, on the call's tables
         from . import _numba_op  # imports torch, which x came from
 
@@ -68,79 +35,6 @@ def run(job: Job) -> Any:
     if job.ctx.grad:
         return _autograd().apply(x, cos, sin, rows, kind, job.layout, job.inverse, job.seq_axis)
     return run_kernel(x, cos, sin, rows, out, kind, job.layout, job.inverse, job.seq_axis)
-
-
-def run_kernel(
-    x: Any, cos: Any, sin: Any, rows: Any, out: Any, kind: str, layout: str, inverse: bool, seq_axis: int
-) -> Any:
-    import numpy as np
-
-    numpy = type(x).__module__ == "numpy"  # else a CPU torch tensor, and so are the tables
-    if numpy:
-        table_cos, table_sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
-        host = x.view(np.int16) if x.dtype.itemsize == 2 else x  # float16: NumPy's only 16-bit float
-    else:
-        table_cos, table_sin, host = _table_view(cos), _table_view(sin), host_view(x)
-    key = (x.shape, seq_axis, rows.shape[0] > 1, table_sin.dtype, kind, layout, inverse)
-    launch = _launches.get(key)
-    if launch is None:
-        launch = _launch(key)
-    shape5, kernel, sign = launch
-    source = np.ascontiguousarray(host).reshape(shape5)
-    if out is None:  # a fresh NumPy buffer (wrapped for torch: a third of new_empty's cost)
-        buffer = np.empty(x.shape, dtype=source.dtype)
-        wrapped = (
-            (buffer if buffer.dtype == x.dtype else buffer.view(x.dtype)) if numpy else _as_tensor(x, buffer)
-        )
-        target, separate, out = buffer.reshape(shape5), True, wrapped
-    else:
-        target = host_view(out).reshape(shape5)
-        separate = not np.shares_memory(source, target)
-    kernel(source, table_cos, table_sin, rows, target, separate, sign)
-    return out
-
-
-# What a call's shape, layout and dtypes decide, kept per key: the five-axis shape, the compiled
-# kernel (parallel or not by size) and the sign of sin in the tables' type. Working it out costs a
-# small call as much as its rotation.
-_launches: dict[tuple[Any, ...], tuple[tuple[int, ...], Any, Any]] = {}
-
-
-def _launch(key: tuple[Any, ...]) -> tuple[tuple[int, ...], Any, Any]:
-    shape, seq_axis, batched, table_dtype, kind, layout, inverse = key
-    shape5 = five_axes(tuple(shape), seq_axis, batched=batched)
-    name = layout if math.prod(shape5) >= _PARALLEL_FROM else f"{layout}-serial"
-    sign = table_dtype.type(-1.0 if inverse else 1.0)  # the kernel multiplies in the tables' type
-    if len(_launches) >= 256:  # prefill lengths vary: keep the memo bounded
-        _launches.clear()
-    launch = _launches[key] = (shape5, _numba.kernel(name, kind), sign)
-    return launch
-
-
-def _int16() -> Any:
-    import numpy as np
-
-    return np.int16
-
-
-def _as_tensor(x: Any, buffer: Any) -> Any:
-    """The kernel's NumPy output buffer as a tensor of x's dtype, sharing its memory."""
-    import torch
-
-    wrapped = torch.from_numpy(buffer)
-    return wrapped if wrapped.dtype == x.dtype else wrapped.view(x.dtype)
-
-
-# Below this many elements one thread is faster than waking the pool (measured in nox -s bench:
-# 1x8x16x64 takes 5 us on one thread, and a parallel launch costs 10 to 20 us with a busy core).
-_PARALLEL_FROM = 1 << 16
-
-
-def _table_view(table: Any) -> Any:
-    """A table as a contiguous NumPy array (of a torch table: a view of its memory)."""
-    import numpy as np
-
-    return np.ascontiguousarray(table if _is_numpy(table) else host_view(table))
 
 
 _Function: Any = None
