@@ -354,6 +354,7 @@ KEYS = st.builds(
     strided_out=st.booleans(),
     table_grad=st.booleans(),
     tracer=st.sampled_from(("", *TRACERS)),
+    one_token=st.booleans(),
 )
 
 

@@ -251,7 +251,7 @@ def test_a_compiled_call_reads_no_memo(torch: Any) -> None:
     assert compilations == 1
 
 
-def _graph_ops(torch: Any, fn: Callable[..., Any], *args: Any) -> list[str]:
+def _graph_ops(torch: Any, fn: Callable[..., Any], *args: Any, dynamic: bool | None = None) -> list[str]:
     """The operators of the graph torch.compile hands its backend for ``fn(*args)``."""
     seen: list[str] = []
 
@@ -260,7 +260,7 @@ def _graph_ops(torch: Any, fn: Callable[..., Any], *args: Any) -> list[str]:
         return graph.forward
 
     torch._dynamo.reset()
-    torch.compile(fn, backend=capture, fullgraph=True)(*args)
+    torch.compile(fn, backend=capture, fullgraph=True, dynamic=dynamic)(*args)
     return seen
 
 
@@ -338,6 +338,35 @@ def test_compiled_cpu_calls_run_the_numba_kernel_as_an_operator(torch: Any) -> N
     (grad,) = torch.autograd.grad(got[0], leaf, upstream)
     # the gradient of a rotation is the inverse rotation
     torch.testing.assert_close(grad, rope(upstream, offset=offsets, inverse=True), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_decode_steps_keep_to_inductors_code(torch: Any, dynamic: bool) -> None:
+    """A compiled call of one token per sequence (a decode step) is inductor's own code, not the
+    numba operator, whose fixed cost is more than that rotation; decided from the shape, so a
+    dynamic graph of longer calls keeps the operator. Forcing numba there raises before any work."""
+    if not {k.name: k for k in anyrope.kernels()}["numba"].available:
+        pytest.skip("numba is not installed")
+    rope = anyrope.RoPE(16, layout="interleaved", rotary_dim=12)
+    q, k, offsets = torch.randn(3, 4, 1, 16), torch.randn(3, 1, 1, 16), torch.tensor([3, 900, 7])
+    ops = _graph_ops(torch, lambda q, k, o: rope(q, k, offset=o), q, k, offsets, dynamic=dynamic)
+    assert not [op for op in ops if "numba_rotate" in op], ops
+    assert sum("keep_tables" in op for op in ops) == 1, ops  # tables still formed once per call
+    longer = (torch.randn(3, 4, 5, 16), torch.randn(3, 1, 5, 16), offsets)
+    ops = _graph_ops(torch, lambda q, k, o: rope(q, k, offset=o), *longer, dynamic=dynamic)
+    assert sum("numba_rotate" in op for op in ops) == 2, ops
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, o: rope(q, k, offset=o), fullgraph=True, dynamic=dynamic)
+    for got, want in zip(compiled(q, k, offsets), rope(q, k, offset=offsets), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch._dynamo.reset()
+    # dynamo reports the ValueError raised while it traces as an error of its own, quoting it
+    refusal = "kernel 'numba' cannot rotate q here: no traced calls of one token per sequence"
+    with (
+        anyrope.use_fast_paths("numba"),
+        pytest.raises((ValueError, torch._dynamo.exc.Unsupported), match=refusal),
+    ):
+        torch.compile(lambda q: rope(q, offset=offsets), fullgraph=True)(q)
 
 
 def test_exported_programs_keep_to_standard_operators(torch: Any) -> None:

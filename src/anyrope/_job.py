@@ -44,6 +44,7 @@ class KernelKey(NamedTuple):
     strided_out: bool  # an in-place or out= destination that is not C-contiguous
     table_grad: bool  # the caller's tables themselves need gradients
     tracer: str  # what traces the call (see anyrope._compat.tracer), "" for an eager call
+    one_token: bool  # one token per sequence: a decode step
 
 
 def key_prefix(ctx: CallContext, dtype: Any, layout: Layout, inplace: bool) -> tuple[Any, ...]:
@@ -110,10 +111,13 @@ def make_job(
     if prefix is None:
         prefix = key_prefix(ctx, x.dtype, layout, out is not None)
     env = ctx.env
+    # A traced length of 1 is an int (torch specialises sizes 0 and 1 even under dynamic=True),
+    # and a symbolic one is known to be 2 or more: asking adds no guard.
+    one_token = bool(x.shape[seq_axis] == 1)
     key: KernelKey = tuple.__new__(KernelKey, (  # a NamedTuple's own _make, without its Python frame
         *prefix, source.kind, source.device_frequencies, env.float64 and env.index_bits == 64,
         source.unsigned64, out is not None and not is_c_contiguous(ctx.xp, out), source.table_grad,
-        tracer(ctx.xp, ctx.traced),
+        tracer(ctx.xp, ctx.traced), one_token,
     ))  # fmt: skip
     return Job(
         ctx=ctx, x=x, arg=arg, seq_axis=seq_axis, layout=layout, inverse=inverse, out=out, source=source,
@@ -153,6 +157,10 @@ class Kernel:
     # a kernel that is a custom op: an exported program is read by ONNX, AOTInductor and other
     # runtimes, which know standard operators only.
     tracers: frozenset[str] = ANY
+    # Whether it takes a traced call of one token per sequence (a decode step). A kernel that is
+    # an opaque operator to the compiler can cost more there, in its fixed cost per call, than
+    # the compiler's own fused code for so little work.
+    traced_one_token: bool = True
     needs_float64: bool = False
     # Whether every module in ``requires`` is installed: found once, when the kernel is declared,
     # because a compiler tracing a call cannot trace importlib's lookup (dynamo refuses find_spec).
@@ -172,6 +180,8 @@ class Kernel:
                 return f"no {what}"
         if key.tracer and self.tracers and key.tracer not in self.tracers:
             return f"no {_TRACED_BY[key.tracer]}"
+        if key.tracer and key.one_token and not self.traced_one_token:
+            return f"no {_ONE_TOKEN}"
         if self.needs_float64 and not key.float64:
             return _NEEDS_FLOAT64
         if not self.available:
@@ -184,6 +194,7 @@ class Kernel:
         return (
             *(_TRACED_BY[t] for t in TRACERS if self.traceable and self.tracers and t not in self.tracers),
             *(what for flag, what in _FLAGS[3:] if not getattr(self, _DECLARED_BY.get(flag, flag))),
+            *((_ONE_TOKEN,) if self.traceable and not self.traced_one_token else ()),
             *((_NEEDS_FLOAT64.removeprefix("it "),) if self.needs_float64 else ()),
         )
 
@@ -221,4 +232,5 @@ _TRACED_BY = {  # how a refusal of each tracer reads
     "torch.export": "torch.export (whose programs hold standard operators only)",
     "other": "tracing other than by torch.compile or torch.export (jax.jit, torch.func, torch.jit.trace, fake tensors)",
 }
+_ONE_TOKEN = "traced calls of one token per sequence (the compiler's own code is faster there)"
 _NEEDS_FLOAT64 = "it needs float64 and 64-bit integers on the device"

@@ -81,7 +81,7 @@ REGISTRY: tuple[Kernel, ...] = (
         name="numba",
         summary="one parallel numba pass that reads each token's table row by position "
         "(16-bit floats widened in registers); torch gradients through an autograd.Function, and "
-        "under torch.compile a torch op of its own that inductor calls between its kernels, "
+        "under torch.compile, for calls of more than one token, a torch op of its own that inductor calls between its kernels, "
         "its gradient the inverse rotation through the same op",
         libraries=frozenset({"numpy", "torch"}),
         devices=frozenset({"cpu"}),
@@ -92,6 +92,9 @@ REGISTRY: tuple[Kernel, ...] = (
         # Only dynamo's trace: torch.export programs keep to standard operators, and torch.func
         # transforms would need the op's vmap rule.
         tracers=frozenset({"torch.compile"}),
+        # A decode step under torch.compile is a few microseconds of rotation: the operator's
+        # fixed cost (dispatch, NumPy views, waking numba's threads) doubled inductor's code.
+        traced_one_token=False,
         differentiable=True,
         run=numba_cpu.run,
         requires=("numba",),
