@@ -92,8 +92,8 @@ REGISTRY: tuple[Kernel, ...] = (
         # Only dynamo's trace: torch.export programs keep to standard operators, and torch.func
         # transforms would need the op's vmap rule.
         tracers=frozenset({"torch.compile"}),
-        # A decode step under torch.compile is a few microseconds of rotation: the operator's
-        # fixed cost (dispatch, NumPy views, waking numba's threads) doubled inductor's code.
+        # A decode step under torch.compile is little work to rotate: the operator's
+        # fixed cost (dispatch, NumPy views, waking numba's threads) took up to 2x inductor's code.
         traced_one_token=False,
         differentiable=True,
         run=numba_cpu.run,
