@@ -50,12 +50,8 @@ def run_kernel(
 ) -> Any:
     import numpy as np
 
-    numpy = type(x).__module__ == "numpy"  # else a CPU torch tensor, and so are the tables
-    if numpy:
-        table_cos, table_sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
-        host = x.view(np.int16) if x.dtype.itemsize == 2 else x  # float16: NumPy's only 16-bit float
-    else:
-        table_cos, table_sin, host = _table_view(cos), _table_view(sin), host_view(x)
+    numpy = _is_numpy(x)  # else a CPU torch tensor, and so are the tables
+    table_cos, table_sin, host = _table_view(cos), _table_view(sin), host_view(x)
     key = (x.shape, seq_axis, rows.shape[0] > 1, table_sin.dtype, kind, layout, inverse)
     launch = _launches.get(key)
     if launch is None:
