@@ -95,7 +95,8 @@ def _kernel_combos(metafunc: pytest.Metafunc, targets: list[str]) -> tuple[list[
     """(backend, kernel[, dtype][, layout][, mode]) for every combination a kernel's declaration
     takes: the backend's library and device type, the dtypes (the backend's, narrowed by a
     ``dtypes`` marker) and layouts it declares, and the backend's modes; a ``kernel_takes("inplace"|"gradients"|"tracing")`` marker
-    keeps kernels (and backends) with those. Nothing outside a declaration is built to be skipped."""
+    keeps kernels (and backends) with those, and a kernel that takes no eager call is in tests of
+    tracing alone. Nothing outside a declaration is built to be skipped."""
     import anyrope
     from anyrope._arrays import LIBRARIES
     from anyrope._compat import environment
@@ -121,6 +122,8 @@ def _kernel_combos(metafunc: pytest.Metafunc, targets: list[str]) -> tuple[list[
                 if "tracing" in takes and not (k.traceable and _traces(loaded, k)):
                     continue
             if "inplace" in takes and not k.inplace:
+                continue
+            if "tracing" not in takes and not k.eager:  # a test of eager calls
                 continue
             dtypes: list[Any] = [None]
             if by_dtype:

@@ -369,6 +369,41 @@ def test_compiled_decode_steps_keep_to_inductors_code(torch: Any, dynamic: bool)
         torch.compile(lambda q: rope(q, offset=offsets), fullgraph=True)(q)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_interleaved_pairs_turn_as_words(torch: Any, dtype: str, dynamic: bool) -> None:
+    """Under torch.compile on a CPU, interleaved float32 and bfloat16 pairs are turned as integer
+    words (the pair-words kernel: bitwise operators in the graph), a decode step included, and the
+    result is the generic code's eager one bit for bit: NaN, infinities, overflow to infinity,
+    large finite values, subnormals and signed zeros among the inputs; inverse and in place too."""
+    rope = anyrope.RoPE(16, layout="interleaved", rotary_dim=12)
+    special = [float("nan"), float("inf"), -float("inf"), 3.3895e38, -3.3895e38, 1e-40, -0.0, 0.0]
+    q = torch.randn(3, 4, 1, 16, generator=torch.Generator().manual_seed(7)).to(getattr(torch, dtype))
+    q.view(-1)[: len(special) * 5 : 5] = torch.tensor(special, dtype=q.dtype)
+    k, offsets = torch.randn(3, 2, 1, 16).to(q.dtype), torch.tensor([3, 900, 70000])
+
+    def calls(q: Any, k: Any, o: Any) -> tuple[Any, ...]:
+        return (*rope(q, k, offset=o), rope(q, offset=o, inverse=True))
+
+    ops = _graph_ops(torch, calls, q, k, offsets, dynamic=dynamic)
+    assert any("bitwise_and" in op or "and_" in op for op in ops), ops
+    with anyrope.use_fast_paths(False):
+        want = calls(q, k, offsets)
+    torch._dynamo.reset()
+    compiled = torch.compile(calls, fullgraph=True, dynamic=dynamic)
+    for got, expected in zip(compiled(q, k, offsets), want, strict=True):
+        np.testing.assert_array_equal(got.float().numpy(), expected.float().numpy())
+    target = q.clone()
+    in_place = torch.compile(lambda x, o: rope(x, offset=o, inplace=True), fullgraph=True, dynamic=dynamic)
+    in_place(target, offsets)
+    np.testing.assert_array_equal(target.float().numpy(), want[0].float().numpy())
+    with (
+        anyrope.use_fast_paths("pair-words"),
+        pytest.raises(ValueError, match="kernel 'pair-words' cannot rotate q here: no eager calls"),
+    ):
+        rope(q, offset=offsets)
+
+
 def test_exported_programs_keep_to_standard_operators(torch: Any) -> None:
     """torch.export sees no anyrope operator on the generic path: ONNX and AOTInductor runtimes know
     every operator of the program."""

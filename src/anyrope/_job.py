@@ -132,7 +132,8 @@ class Kernel:
     importing them). The flags say whether it takes in-place writes, tracing, gradients,
     frequencies chosen on the device, 64-bit unsigned positions, strided destinations,
     tables that need gradients, and whether it needs float64 on the device; ``tracers``: those a
-    traceable kernel takes (empty: every one, as the sets)."""
+    traceable kernel takes (empty: every one, as the sets); ``eager``: whether it takes calls
+    that nothing traces."""
 
     name: str
     summary: str
@@ -161,6 +162,9 @@ class Kernel:
     # an opaque operator to the compiler can cost more there, in its fixed cost per call, than
     # the compiler's own fused code for so little work.
     traced_one_token: bool = True
+    # Whether it takes an eager call: a kernel written for a compiler to fuse can be many small
+    # operations, each its own pass when run eagerly.
+    eager: bool = True
     needs_float64: bool = False
     # Whether every module in ``requires`` is installed: found once, when the kernel is declared,
     # because a compiler tracing a call cannot trace importlib's lookup (dynamo refuses find_spec).
@@ -182,6 +186,8 @@ class Kernel:
             return f"no {_TRACED_BY[key.tracer]}"
         if key.tracer and key.one_token and not self.traced_one_token:
             return f"no {_ONE_TOKEN}"
+        if not key.tracer and not self.eager:
+            return f"no {_EAGER}"
         if self.needs_float64 and not key.float64:
             return _NEEDS_FLOAT64
         if not self.available:
@@ -195,6 +201,7 @@ class Kernel:
             *(_TRACED_BY[t] for t in TRACERS if self.traceable and self.tracers and t not in self.tracers),
             *(what for flag, what in _FLAGS[3:] if not getattr(self, _DECLARED_BY.get(flag, flag))),
             *((_ONE_TOKEN,) if self.traceable and not self.traced_one_token else ()),
+            *((_EAGER,) if not self.eager else ()),
             *((_NEEDS_FLOAT64.removeprefix("it "),) if self.needs_float64 else ()),
         )
 
@@ -233,4 +240,5 @@ _TRACED_BY = {  # how a refusal of each tracer reads
     "other": "tracing other than by torch.compile or torch.export (jax.jit, torch.func, torch.jit.trace, fake tensors)",
 }
 _ONE_TOKEN = "traced calls of one token per sequence (the compiler's own code is faster there)"
+_EAGER = "eager calls (a form for the compiler to fuse: eagerly, each operation is a pass of its own)"
 _NEEDS_FLOAT64 = "it needs float64 and 64-bit integers on the device"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from .._job import ANY, Kernel
-from . import cupy_cuda, generic, mlx_compiled, numba_cpu, numpy_cpu, triton_cuda
+from .._job import ANY, SOURCES, Kernel
+from . import cupy_cuda, generic, mlx_compiled, numba_cpu, numpy_cpu, pair_words, triton_cuda
 
 __all__ = ["REGISTRY"]
 
@@ -100,6 +100,26 @@ REGISTRY: tuple[Kernel, ...] = (
         requires=("numba",),
         strided_out=False,
         table_grad=False,
+    ),
+    Kernel(
+        name="pair-words",
+        summary="interleaved pairs read and written as one integer word each (float32 as int64, "
+        "bfloat16 as int32: widened by a shift and rounded to nearest even in integers), so that "
+        "inductor vectorises the loop its generic code writes as scalars (the same result bit for bit)",
+        libraries=frozenset({"torch"}),
+        devices=frozenset({"cpu"}),
+        layouts=frozenset({"interleaved"}),
+        dtypes=frozenset({"float32", "bfloat16"}),
+        inplace=True,
+        traceable=True,
+        # No gradients: a bitcast has none. Only dynamo's trace, so only inductor compiles it:
+        # torch.export programs are read by runtimes (ONNX among them) without a bitcast.
+        differentiable=False,
+        tracers=frozenset({"torch.compile"}),
+        eager=False,
+        run=pair_words.run,
+        # The caller's tables may be in any dtype, and the generic code rotates in theirs.
+        sources=frozenset(SOURCES) - {"tables"},
     ),
     Kernel(
         name="numpy-complex",
