@@ -288,7 +288,10 @@ def tracer(xp: Any, traced: bool) -> str:
         return "other"
     import torch
 
-    if torch.compiler.is_dynamo_compiling():
+    # _torch_ops, loaded here before any kernel is chosen, has dynamo fold Handle.fetch (._handle)
+    from ._torch_ops import dynamo_traces
+
+    if dynamo_traces():
         return "torch.compile"
     return "torch.export" if torch.compiler.is_compiling() else "other"
 
@@ -309,6 +312,8 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
 
     # Asked of dynamo itself, not is_exporting() (see tracer)
     if not torch.compiler.is_dynamo_compiling() or not hasattr(torch.library, "custom_op"):  # torch < 2.4
+        return cos, sin
+    if cos.requires_grad or sin.requires_grad:  # the operator has no gradient (no table needs one)
         return cos, sin
     from ._torch_ops import keep_tables as keep  # defines its operator as it loads: eagerly, never traced
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any, TypeAlias
 
+from ._handle import Handle
 from ._job import Job, Kernel, KernelKey
 from ._kernels import REGISTRY
 from ._memo import Memo
@@ -106,11 +107,34 @@ def candidates(key: KernelKey, switch: Switch) -> tuple[Kernel, ...]:
     return _candidates.get((key, switch), lambda: tuple(k for k in _allowed(switch) if k.takes(key)))
 
 
+def _first_taking(registry: tuple[Kernel, ...], switch: bool | str, *fields: Any) -> tuple[int, int]:
+    """The index in ``registry`` of the first kernel that takes a job whose key has ``fields``
+    and then ``one_token`` False, and True, under ``switch`` (-1: none does)."""
+    allowed = _allowed(switch)
+    keys = [KernelKey._make((*fields[:_ONE_TOKEN], one, *fields[_ONE_TOKEN:])) for one in (False, True)]
+    found = [next((i for i, k in enumerate(registry) if k in allowed and k.takes(key)), -1) for key in keys]
+    return found[0], found[1]
+
+
+# While traced, the choice is made as plain Python through this handle, its answer a constant to
+# the tracer (dynamo folds Handle.fetch): traced, every declaration's checks became guards that
+# each compiled call evaluates, a fifth of the guards of a decode step. Under dynamic shapes
+# one_token is symbolic, which a fetch cannot take: both answers come back, and it picks one.
+_REGISTRY = Handle(REGISTRY)
+_ONE_TOKEN = KernelKey._fields.index("one_token")
+
+
 def choose(job: Job, switch: Switch) -> Kernel:
     """The kernel that runs ``job``: the first that takes it, or ValueError where the kernel the
     switch names does not (the generic kernel takes every job)."""
-    found = None if job.key.traced else _candidates.find((job.key, switch))  # no memo read while traced
-    if not found:
+    if job.key.traced and not isinstance(switch, Kernel):
+        key = job.key
+        fields = (*key[:_ONE_TOKEN], *key[_ONE_TOKEN + 1 :])
+        index = _REGISTRY.fetch(_first_taking, switch, *fields)[1 if key.one_token else 0]
+        found: tuple[Kernel, ...] | None = (REGISTRY[index],) if index >= 0 else ()
+    else:
+        found = None if job.key.traced else _candidates.find((job.key, switch))  # no memo read while traced
+    if found is None:
         found = candidates(job.key, switch)
     if found:
         return found[0]
