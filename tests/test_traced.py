@@ -385,18 +385,26 @@ def test_compiled_interleaved_pairs_turn_as_words(torch: Any, dtype: str, dynami
     def calls(q: Any, k: Any, o: Any) -> tuple[Any, ...]:
         return (*rope(q, k, offset=o), rope(q, offset=o, inverse=True))
 
-    ops = _graph_ops(torch, calls, q, k, offsets, dynamic=dynamic)
-    assert any("bitwise_and" in op or "and_" in op for op in ops), ops
+    def as_words(ops: list[str]) -> bool:
+        return any("bitwise_and" in op or "and_" in op for op in ops)
+
+    triton = {k.name: k for k in anyrope.kernels()}["triton"]
+    if not (triton.available and "cpu" in triton.devices):  # else Triton's interpreter comes first
+        assert as_words(_graph_ops(torch, calls, q, k, offsets, dynamic=dynamic))
     with anyrope.use_fast_paths(False):
         want = calls(q, k, offsets)
-    torch._dynamo.reset()
-    compiled = torch.compile(calls, fullgraph=True, dynamic=dynamic)
-    for got, expected in zip(compiled(q, k, offsets), want, strict=True):
-        np.testing.assert_array_equal(got.float().numpy(), expected.float().numpy())
-    target = q.clone()
-    in_place = torch.compile(lambda x, o: rope(x, offset=o, inplace=True), fullgraph=True, dynamic=dynamic)
-    in_place(target, offsets)
-    np.testing.assert_array_equal(target.float().numpy(), want[0].float().numpy())
+    with anyrope.use_fast_paths("pair-words"):
+        assert as_words(_graph_ops(torch, calls, q, k, offsets, dynamic=dynamic))
+        torch._dynamo.reset()
+        compiled = torch.compile(calls, fullgraph=True, dynamic=dynamic)
+        for got, expected in zip(compiled(q, k, offsets), want, strict=True):
+            np.testing.assert_array_equal(got.float().numpy(), expected.float().numpy())
+        target = q.clone()
+        in_place = torch.compile(
+            lambda x, o: rope(x, offset=o, inplace=True), fullgraph=True, dynamic=dynamic
+        )
+        in_place(target, offsets)
+        np.testing.assert_array_equal(target.float().numpy(), want[0].float().numpy())
     with (
         anyrope.use_fast_paths("pair-words"),
         pytest.raises(ValueError, match="kernel 'pair-words' cannot rotate q here: no eager calls"),
