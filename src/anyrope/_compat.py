@@ -311,7 +311,7 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
     import torch
 
     # Asked of dynamo itself, not is_exporting() (see tracer)
-    if not torch.compiler.is_dynamo_compiling() or not hasattr(torch.library, "custom_op"):  # torch < 2.4
+    if not torch.compiler.is_dynamo_compiling() or not hasattr(torch.library, "register_fake"):  # torch < 2.4
         return cos, sin
     if cos.requires_grad or sin.requires_grad:  # the operator has no gradient (no table needs one)
         return cos, sin

@@ -108,12 +108,14 @@ def candidates(key: KernelKey, switch: Switch) -> tuple[Kernel, ...]:
 
 
 def _first_taking(registry: tuple[Kernel, ...], switch: bool | str, *fields: Any) -> tuple[int, int]:
-    """The index in ``registry`` of the first kernel that takes a job whose key has ``fields``
-    and then ``one_token`` False, and True, under ``switch`` (-1: none does)."""
-    allowed = _allowed(switch)
-    keys = [KernelKey._make((*fields[:_ONE_TOKEN], one, *fields[_ONE_TOKEN:])) for one in (False, True)]
-    found = [next((i for i, k in enumerate(registry) if k in allowed and k.takes(key)), -1) for key in keys]
-    return found[0], found[1]
+    """The index in ``registry`` of :func:`candidates`' first for a job whose key has ``fields``
+    and then ``one_token`` False, and True, under ``switch`` (-1: none takes it)."""
+
+    def first(one_token: bool) -> int:
+        found = candidates(KernelKey._make((*fields[:_ONE_TOKEN], one_token, *fields[_ONE_TOKEN:])), switch)
+        return registry.index(found[0]) if found else -1
+
+    return first(False), first(True)
 
 
 # While traced, the choice is made as plain Python through this handle, its answer a constant to
