@@ -395,6 +395,70 @@ def test_a_forced_kernel_refuses_before_any_work(backend: Backend) -> None:
     np.testing.assert_array_equal(backend.to_numpy(q), before)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_numba_turns_q_and_k_in_one_launch(
+    backend: Backend, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """q and k of one call share one numba launch (its fixed cost is most of an eager decode
+    step): heads, sequence axes and widths of their own, per-row offsets, in place, partial
+    rotary; bit for bit each array's own launch. One launch each where they cannot share one:
+    dtypes or lengths that differ, xPos (two sources)."""
+    _needs_numba()
+    if backend.device_kind not in KERNELS["numba"].devices:
+        pytest.skip(f"numba takes no {backend.device_kind} arrays")
+    if dtype not in backend.dtypes:
+        pytest.skip(f"{backend.id} has no {dtype}")
+    from anyrope._kernels import _numba_run
+
+    launches: list[int] = []
+    run_kernels = _numba_run.run_kernels
+
+    def spy(arrays: Any, *rest: Any) -> Any:
+        launches.append(len(arrays))
+        return run_kernels(arrays, *rest)
+
+    monkeypatch.setattr(_numba_run, "run_kernels", spy)
+    monkeypatch.setattr("anyrope._kernels.numba_cpu.run_kernels", spy)
+    rng = np.random.default_rng(3)
+    rope = anyrope.RoPE(32, rotary_dim=24)
+
+    def array(*shape: int) -> Any:
+        return backend.asarray(rng.standard_normal(shape), dtype)
+
+    q, k = array(3, 5, 9, 32), array(3, 2, 9, 32)
+    by_offsets = lambda q, k, **kw: rope(q, k, offset=[4, 0, 900], **kw)
+    calls = {  # name: (call, q, k)
+        "offsets": (by_offsets, q, k),
+        "positions": (lambda q, k: rope(q, k, positions=backend.asarray(np.arange(9) * 7)), q, k),
+        "seq axes": (lambda q, k: rope(q, k, offset=3, seq_axis=-3), array(3, 9, 5, 32), array(3, 9, 2, 32)),
+        "in place": (lambda q, k: by_offsets(q, k, inplace=True), q, k),
+        "decode": (by_offsets, array(3, 5, 1, 32), array(3, 2, 1, 32)),
+    }
+    with anyrope.use_fast_paths("numba"):
+        for name, (call, x, y) in calls.items():
+            launches.clear()
+            together = call(_copy(backend, x), _copy(backend, y))
+            assert launches == [2], name
+            alone = (call(_copy(backend, x), None), call(_copy(backend, y), None))
+            for got, want in zip(together, alone, strict=True):
+                np.testing.assert_array_equal(backend.to_numpy(got), backend.to_numpy(want), err_msg=name)
+        apart = {
+            "dtypes": lambda: rope(
+                q, backend.asarray(rng.standard_normal((3, 2, 9, 32)), "float64"), offset=2
+            ),
+            "lengths": lambda: rope(q, k[:, :, :4], offset=2),
+            "xPos": lambda: anyrope.RoPE(32, xpos_scale_base=512)(q, k, offset=2),
+        }
+        for name, call in apart.items():
+            launches.clear()
+            call()
+            assert launches == [1, 1], name
+
+
+def _copy(backend: Backend, x: Any) -> Any:
+    return backend.asarray(backend.to_numpy(x), str(x.dtype).rsplit(".", 1)[-1])
+
+
 def test_threads_under_numbas_workqueue_layer() -> None:
     """numba's fallback threading layer aborts on concurrent launches; calls must be serialised."""
     _needs_numba()

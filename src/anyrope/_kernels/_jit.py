@@ -2,21 +2,22 @@
 
 Arrays arrive in a canonical five-axis form: x and out are (batch, lead, seq, trail, head_dim),
 the tables are (length, pairs) and positions (1 or batch, seq) rows of them. Each pair is read
-before it is written, so out may be x itself. The two layouts are written out separately, with
-plain five-axis indexing: variants that shared a row helper, or chose between two arrays in the
-loop, kept LLVM from vectorising the inner loop and ran 1.5 to 2 times slower.
+before it is written, so out may be x itself. One launch takes two arrays (q and k), each row
+turned by one inlined helper, :func:`_turn`, given its indices and the pair count: a helper that
+worked them out itself, or a loop that chose between the two arrays per element, kept LLVM from vectorising the
+inner loop and ran 1.5 to 2 times slower.
 
-16-bit floats travel as int16 bits (a dtype torch can view them as), are widened to float32 in registers and rounded to nearest
-even once on the way out, bit for bit as NumPy's and torch's casts (NaN payloads aside). Each
-kernel is built by :func:`rotations` for one storage code, a plain int its closure captures:
-numba folds it as a constant, and keys its on-disk cache by it (a captured function would get a
-new key in every process, and be compiled again each time).
+16-bit floats travel as int16 bits (a dtype torch can view them as), are widened to float32 in
+registers and rounded to nearest even once on the way out, bit for bit as NumPy's and torch's
+casts (NaN payloads aside). Each kernel is built by :func:`rotations` for one storage code and
+layout, plain ints its closure captures: numba folds them as constants, and keys its on-disk
+cache by them (a captured function would get a new key in every process, and be compiled again
+each time).
 """
 
 from __future__ import annotations
 
 import platform
-import types as types_module
 from collections.abc import Callable
 from typing import Any
 
@@ -130,73 +131,93 @@ def store(v: Any, storage: int) -> Any:  # pragma: no cover
     return v
 
 
+# The kernels' two layouts, as the constant each captures.
+HALF, INTERLEAVED = 0, 1
+
+
+@inline
+def _where(row: Any, lead: Any, seq: Any) -> Any:  # pragma: no cover
+    """The (batch, lead, seq) indices of a row of a five-axis array."""
+    return row // (lead * seq), (row // seq) % lead, row % seq
+
+
+@inline
+def _turn(
+    x: Any,
+    out: Any,
+    copy_tail: bool,
+    cos: Any,
+    sin: Any,
+    sign: Any,
+    b: Any,
+    a: Any,
+    s: Any,
+    p: Any,
+    pairs: Any,
+    storage: int,
+    layout: int,
+) -> None:  # pragma: no cover
+    trail, width = x.shape[3], x.shape[4]
+    for t in range(trail):
+        for i in range(pairs):
+            c = cos[p, i]
+            n = sin[p, i] * sign
+            if layout == HALF:
+                first = load(x[b, a, s, t, i], storage)
+                second = load(x[b, a, s, t, i + pairs], storage)
+                out[b, a, s, t, i] = store(first * c - second * n, storage)
+                out[b, a, s, t, i + pairs] = store(second * c + first * n, storage)
+            else:
+                first = load(x[b, a, s, t, 2 * i], storage)
+                second = load(x[b, a, s, t, 2 * i + 1], storage)
+                out[b, a, s, t, 2 * i] = store(first * c - second * n, storage)
+                out[b, a, s, t, 2 * i + 1] = store(second * c + first * n, storage)
+        if copy_tail:
+            for j in range(2 * pairs, width):
+                out[b, a, s, t, j] = x[b, a, s, t, j]
+
+
 def rotations(storage: int) -> dict[str, Callable[..., None]]:
     """The two layouts' kernels for one storage code (compiled, or loaded from numba's cache, on
-    first call): ``kernel(x, cos, sin, positions, out, copy_tail, sign)`` with (length, pairs)
-    tables and (1 or batch, seq) positions; ``sign`` -1.0 turns the other way (sin negated,
-    exactly). Each comes parallel (its name) and on one thread ("<name>-serial"): waking a thread
-    pool costs more than a small call, and waits for a busy core."""
+    first call): ``kernel(x, out, copy_tail, y, out_y, copy_tail_y, cos, sin, positions, sign)``
+    rotates x and y (q and k: one launch; y may have no rows) at the same (length, pairs) tables
+    and (1 or batch, seq) positions; ``copy_tail``: whether out is not x, so that the features
+    past the pairs are copied; ``sign`` -1.0 turns the other way (sin negated, exactly). Each is
+    compiled parallel only: run on one thread (:func:`._numba.on_one_thread`), it is 2 to 3 times
+    faster than numba's serial compilation of the same loop, which LLVM vectorised worse."""
+    return {
+        name: numba.njit(parallel=True, cache=True, nogil=True)(_rotate(storage, layout, name))
+        for name, layout in (("half", HALF), ("interleaved", INTERLEAVED))
+    }
 
-    # Both read the cached tables directly at each token's position: no per-call tables are
-    # gathered, which is most of the cost of a decode step.
-    def half(
-        x: Any, cos: Any, sin: Any, pos: Any, out: Any, copy_tail: bool, sign: float
+
+def _rotate(storage: int, layout: int, name: str) -> Callable[..., None]:
+    # Both arrays read the cached tables directly at each token's position: no per-call tables
+    # are gathered, which is most of the cost of a decode step.
+    def rotate(
+        x: Any,
+        out: Any,
+        copy_tail: bool,
+        y: Any,
+        out_y: Any,
+        copy_tail_y: bool,
+        cos: Any,
+        sin: Any,
+        pos: Any,
+        sign: Any,
     ) -> None:  # pragma: no cover
-        batch, lead, seq, trail, width = x.shape
-        pairs = cos.shape[1]
-        per_batch = pos.shape[0] > 1
-        for row in numba.prange(batch * lead * seq):
-            b = row // (lead * seq)
-            a = (row // seq) % lead
-            s = row % seq
-            p = pos[b if per_batch else 0, s]
-            for t in range(trail):
-                for i in range(pairs):
-                    c = cos[p, i]
-                    n = sin[p, i] * sign
-                    first = load(x[b, a, s, t, i], storage)
-                    second = load(x[b, a, s, t, i + pairs], storage)
-                    out[b, a, s, t, i] = store(first * c - second * n, storage)
-                    out[b, a, s, t, i + pairs] = store(second * c + first * n, storage)
-                if copy_tail:
-                    for j in range(2 * pairs, width):
-                        out[b, a, s, t, j] = x[b, a, s, t, j]
+        per_batch, pairs = pos.shape[0] > 1, cos.shape[1]
+        lead, seq, lead_y, seq_y = x.shape[1], x.shape[2], y.shape[1], y.shape[2]
+        rows = x.shape[0] * lead * seq
+        for row in numba.prange(rows + y.shape[0] * lead_y * seq_y):
+            if row < rows:
+                b, a, s = _where(row, lead, seq)
+                p = pos[b if per_batch else 0, s]
+                _turn(x, out, copy_tail, cos, sin, sign, b, a, s, p, pairs, storage, layout)
+            else:
+                b, a, s = _where(row - rows, lead_y, seq_y)
+                p = pos[b if per_batch else 0, s]
+                _turn(y, out_y, copy_tail_y, cos, sin, sign, b, a, s, p, pairs, storage, layout)
 
-    def interleaved(
-        x: Any, cos: Any, sin: Any, pos: Any, out: Any, copy_tail: bool, sign: float
-    ) -> None:  # pragma: no cover
-        batch, lead, seq, trail, width = x.shape
-        pairs = cos.shape[1]
-        per_batch = pos.shape[0] > 1
-        for row in numba.prange(batch * lead * seq):
-            b = row // (lead * seq)
-            a = (row // seq) % lead
-            s = row % seq
-            p = pos[b if per_batch else 0, s]
-            for t in range(trail):
-                for i in range(pairs):
-                    c = cos[p, i]
-                    n = sin[p, i] * sign
-                    first = load(x[b, a, s, t, 2 * i], storage)
-                    second = load(x[b, a, s, t, 2 * i + 1], storage)
-                    out[b, a, s, t, 2 * i] = store(first * c - second * n, storage)
-                    out[b, a, s, t, 2 * i + 1] = store(second * c + first * n, storage)
-                if copy_tail:
-                    for j in range(2 * pairs, width):
-                        out[b, a, s, t, j] = x[b, a, s, t, j]
-
-    kernels: dict[str, Callable[..., None]] = {}
-    for fn in (half, interleaved):
-        kernels[fn.__name__] = numba.njit(parallel=True, cache=True, nogil=True)(fn)
-        kernels[f"{fn.__name__}-serial"] = numba.njit(cache=True, nogil=True)(_renamed(fn, "serial"))
-    return kernels
-
-
-def _renamed(fn: Callable[..., None], suffix: str) -> Callable[..., None]:
-    """A copy of ``fn`` under another name: numba names its cache files after a function, and its
-    index does not tell a parallel compilation from a serial one."""
-    copy = types_module.FunctionType(
-        fn.__code__, fn.__globals__, f"{fn.__name__}_{suffix}", None, fn.__closure__
-    )
-    copy.__qualname__ = f"{fn.__qualname__}_{suffix}"
-    return copy
+    rotate.__name__ = rotate.__qualname__ = name  # numba names its cache files after it
+    return rotate

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["kernel"]
+__all__ = ["kernel", "on_one_thread"]
 
 _lock = threading.Lock()
 _compiled: dict[str, Callable[..., None]] = {}
@@ -43,7 +43,9 @@ def _probe(compiled: dict[str, Callable[..., None]]) -> bool:
 
     tiny = np.zeros((1, 1, 1, 1, 2), dtype=np.float32)
     table = np.zeros((1, 1), dtype=np.float32)
-    compiled["half"](tiny, table, table, np.zeros((1, 1), dtype=np.int64), tiny, False, np.float32(1.0))
+    compiled["half"](
+        tiny, tiny, False, tiny, tiny, False, table, table, np.zeros((1, 1), dtype=np.int64), np.float32(1.0)
+    )
     layer: Any = getattr(numba, "threading_layer")  # noqa: B009 - not in numba's typed exports
     return bool(layer() == "workqueue")
 
@@ -52,10 +54,12 @@ def kernel(name: str, storage: str = "float") -> Callable[..., None]:
     """The compiled kernel ``name`` for x stored as ``storage``, numba-compiled (or loaded from
     its cache) on first use.
 
-    ``kernel(layout)(x, cos, sin, positions, out, copy_tail, sign)`` takes (length, pairs) tables
-    and (1 or batch, seq) positions, and looks the rows up itself. ``storage`` is "float" (x, out and tables of one dtype) or "float16" /
-    "bfloat16" (x and out as int16 bits, float32 tables); "float16-bits" is float16 without
-    the CPU's conversion instructions, for tests.
+    ``kernel(layout)(x, out, copy_tail, y, out_y, copy_tail_y, cos, sin, positions, sign)``
+    rotates x and y (y may have no rows) at (length, pairs) tables and (1 or batch, seq)
+    positions, and looks the rows up itself (see :func:`._jit.rotations`). ``storage`` is
+    "float" (x, out and tables of one dtype) or "float16" / "bfloat16" (x and out as int16
+    bits, float32 tables); "float16-bits" is float16 without the CPU's conversion
+    instructions, for tests.
     """
     global _serial
     if not _compiled:
@@ -71,5 +75,21 @@ def _serialised(fn: Callable[..., None]) -> Callable[..., None]:
     def call(*args: Any) -> None:
         with _lock:
             fn(*args)
+
+    return call
+
+
+def on_one_thread(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn`` run on the calling thread alone (numba's thread count is per thread): for calls so
+    small that waking the pool costs more than they do, and would wait for a busy core."""
+    import numba
+
+    def call(*args: Any) -> None:
+        threads = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            fn(*args)
+        finally:
+            numba.set_num_threads(threads)
 
     return call

@@ -7,12 +7,12 @@ the generic path.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeAlias
 
 from .._pairs import five_axes
 from . import _numba
 
-__all__ = ["STORAGE", "host_view", "rows_of", "run_kernel"]
+__all__ = ["STORAGE", "host_view", "rows_of", "run_kernel", "run_kernels"]
 
 
 # How the kernel takes x of a declared dtype: 16-bit types as int16 bits, the others ("float") as is.
@@ -48,43 +48,77 @@ def rows_of(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
 def run_kernel(
     x: Any, cos: Any, sin: Any, rows: Any, out: Any, kind: str, layout: str, inverse: bool, seq_axis: int
 ) -> Any:
+    """x rotated into ``out`` (None: a new array) at the table rows ``rows`` names."""
+    return run_kernels(((x, out, seq_axis),), cos, sin, rows, kind, layout, inverse)[0]
+
+
+def run_kernels(
+    arrays: tuple[tuple[Any, Any, int], ...],
+    cos: Any,
+    sin: Any,
+    rows: Any,
+    kind: str,
+    layout: str,
+    inverse: bool,
+) -> list[Any]:
+    """One or two arrays (q and k), each given as (x, out, seq_axis), rotated in one launch at the
+    same table rows: the kernel's fixed cost (the launch, waking its threads) is paid once."""
     import numpy as np
 
-    numpy = _is_numpy(x)  # else a CPU torch tensor, and so are the tables
-    table_cos, table_sin, host = _table_view(cos), _table_view(sin), host_view(x)
-    key = (x.shape, seq_axis, rows.shape[0] > 1, table_sin.dtype, kind, layout, inverse)
+    numpy = _is_numpy(arrays[0][0])  # else CPU torch tensors, and so are the tables
+    table_cos, table_sin = _table_view(cos), _table_view(sin)
+    hosts = [host_view(x) for x, _, _ in arrays]
+    key = (
+        tuple((x.shape, seq_axis) for x, _, seq_axis in arrays),
+        rows.shape[0] > 1, table_sin.dtype, hosts[0].dtype, kind, layout, inverse,
+    )  # fmt: skip
     launch = _launches.get(key)
     if launch is None:
         launch = _launch(key)
-    shape5, kernel, sign = launch
-    source = np.ascontiguousarray(host).reshape(shape5)
-    if out is None:  # a fresh NumPy buffer (wrapped for torch: a third of new_empty's cost)
-        buffer = np.empty(x.shape, dtype=source.dtype)
-        wrapped = (
-            (buffer if buffer.dtype == x.dtype else buffer.view(x.dtype)) if numpy else _as_tensor(x, buffer)
-        )
-        target, separate, out = buffer.reshape(shape5), True, wrapped
-    else:
-        target = host_view(out).reshape(shape5)
-        separate = not np.shares_memory(source, target)
-    kernel(source, table_cos, table_sin, rows, target, separate, sign)
-    return out
+    shapes5, kernel, sign, nothing = launch
+    operands: list[Any] = []
+    outs = []
+    for (x, out, _), host, shape5 in zip(arrays, hosts, shapes5, strict=True):
+        source = np.ascontiguousarray(host).reshape(shape5)
+        if out is None:  # a fresh NumPy buffer (wrapped for torch: a third of new_empty's cost)
+            buffer = np.empty(x.shape, dtype=source.dtype)
+            out = (
+                (buffer if buffer.dtype == x.dtype else buffer.view(x.dtype))
+                if numpy
+                else _as_tensor(x, buffer)
+            )
+            operands += (source, buffer.reshape(shape5), True)
+        else:
+            target = host_view(out).reshape(shape5)
+            operands += (source, target, not np.shares_memory(source, target))
+        outs.append(out)
+    if len(arrays) == 1:
+        operands += (nothing, nothing, False)
+    kernel(*operands, table_cos, table_sin, rows, sign)
+    return outs
 
 
-# What a call's shape, layout and dtypes decide, kept per key: the five-axis shape, the compiled
-# kernel (parallel or not by size) and the sign of sin in the tables' type. Working it out costs a
-# small call as much as its rotation.
-_launches: dict[tuple[Any, ...], tuple[tuple[int, ...], Any, Any]] = {}
+# What a call's shapes, layout and dtypes decide, kept per key: the five-axis shapes, the compiled
+# kernel (on one thread or all, by size), the sign of sin in the tables' type, and an array of no
+# rows that stands for the second array of a call with one. Working it out costs a small call as
+# much as its rotation.
+_Launch: TypeAlias = "tuple[tuple[tuple[int, ...], ...], Any, Any, Any]"
+_launches: dict[tuple[Any, ...], _Launch] = {}
 
 
-def _launch(key: tuple[Any, ...]) -> tuple[tuple[int, ...], Any, Any]:
-    shape, seq_axis, batched, table_dtype, kind, layout, inverse = key
-    shape5 = five_axes(tuple(shape), seq_axis, batched=batched)
-    name = layout if math.prod(shape5) >= _PARALLEL_FROM else f"{layout}-serial"
+def _launch(key: tuple[Any, ...]) -> _Launch:
+    import numpy as np
+
+    arrays, batched, table_dtype, dtype, kind, layout, inverse = key
+    shapes5 = tuple(five_axes(tuple(shape), seq_axis, batched=batched) for shape, seq_axis in arrays)
+    kernel = _numba.kernel(layout, kind)
+    if sum(math.prod(shape5) for shape5 in shapes5) < _PARALLEL_FROM:
+        kernel = _numba.on_one_thread(kernel)
     sign = table_dtype.type(-1.0 if inverse else 1.0)  # the kernel multiplies in the tables' type
     if len(_launches) >= 256:  # prefill lengths vary: keep the memo bounded
         _launches.clear()
-    launch = _launches[key] = (shape5, _numba.kernel(name, kind), sign)
+    nothing = np.empty((0, 1, 1, 1, 0), dtype=dtype)
+    launch = _launches[key] = (shapes5, kernel, sign, nothing)
     return launch
 
 

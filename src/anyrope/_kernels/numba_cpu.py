@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from .._job import Job
-from ._numba_run import STORAGE, rows_of, run_kernel
+from ._numba_run import STORAGE, rows_of, run_kernel, run_kernels
 
-__all__ = ["run"]
+__all__ = ["run", "run_pair"]
 
 
 def run(job: Job) -> Any:
@@ -29,12 +29,42 @@ def run(job: Job) -> Any:
             return rotated
         job.out[...] = rotated
         return job.out
-    found = job.source.lookup(x.shape[job.seq_axis], job.compute)
-    cos, sin, rows = found if found is not None else rows_of(job.ctx.xp, *job.tables())
+    cos, sin, rows = _rows(job)
     out = job.out  # C-contiguous where given (declared), and tables in the compute dtype
     if job.ctx.grad:
         return _autograd().apply(x, cos, sin, rows, kind, job.layout, job.inverse, job.seq_axis)
     return run_kernel(x, cos, sin, rows, out, kind, job.layout, job.inverse, job.seq_axis)
+
+
+def run_pair(q: Job, k: Job) -> tuple[Any, Any]:
+    """q and k in one launch where they turn alike: one source and length of sequence, one dtype,
+    both out of place or both in place (in place, they share no memory: checked before any kernel
+    runs); otherwise, and while traced or recording gradients, one launch each."""
+    x, y = q.x, k.x
+    together = (
+        q.source is k.source
+        and not q.key.tracer
+        and not q.ctx.grad
+        and x.dtype == y.dtype
+        and x.shape[q.seq_axis] == y.shape[k.seq_axis]
+        and q.layout == k.layout
+        and q.inverse == k.inverse
+        and ((q.out is None and k.out is None) or (q.out is x and k.out is y))
+    )
+    if not together:
+        return run(q), run(k)
+    cos, sin, rows = _rows(q)
+    arrays = ((x, q.out, q.seq_axis), (y, k.out, k.seq_axis))
+    kind = STORAGE.get(q.key.dtype, "float")
+    rotated_q, rotated_k = run_kernels(arrays, cos, sin, rows, kind, q.layout, q.inverse)
+    return rotated_q, rotated_k
+
+
+def _rows(job: Job) -> tuple[Any, Any, Any]:
+    """The tables and each (batch row, token)'s row in them: the cached prefix table where the
+    positions are host-known and inside it, else the call's own tables."""
+    found = job.source.lookup(job.x.shape[job.seq_axis], job.compute)
+    return found if found is not None else rows_of(job.ctx.xp, *job.tables())
 
 
 _Function: Any = None
