@@ -83,13 +83,19 @@ def on_one_thread(fn: Callable[..., None]) -> Callable[..., None]:
     """``fn`` run on the calling thread alone (numba's thread count is per thread): for calls so
     small that waking the pool costs more than they do, and would wait for a busy core."""
     import numba
+    from numba.np.ufunc import parallel
+
+    # The pool is running (kernel() started it), so numba's unchecked setters serve: the public
+    # ones check and start it on every call, 3 us of a small call's 5 (numba 0.68).
+    get = getattr(parallel, "_get_num_threads", numba.get_num_threads)
+    set_ = getattr(parallel, "_set_num_threads", numba.set_num_threads)
 
     def call(*args: Any) -> None:
-        threads = numba.get_num_threads()
-        numba.set_num_threads(1)
+        threads = get()
+        set_(1)
         try:
             fn(*args)
         finally:
-            numba.set_num_threads(threads)
+            set_(threads)
 
     return call
