@@ -17,7 +17,9 @@ from ._context import CallContext
 from ._dtypes import dtype_name
 from ._layout import Layout
 
-__all__ = ["ANY", "SOURCES", "Job", "Kernel", "KernelKey", "TableSource", "key_prefix", "make_job"]
+__all__ = [
+    "ANY", "SOURCES", "Job", "Kernel", "KernelKey", "TableSource", "key_prefix", "make_job", "turn_alike",
+]  # fmt: skip
 
 #: Where a job's angles come from: an int offset, one offset per row (or a 0-d array), explicit
 #: positions, several position streams per token (M-RoPE, axial), the caller's tables
@@ -123,6 +125,19 @@ def make_job(
         ctx=ctx, x=x, arg=arg, seq_axis=seq_axis, layout=layout, inverse=inverse, out=out, source=source,
         compute=compute, key=key,
     )  # fmt: skip
+
+
+def turn_alike(q: Job, k: Job) -> bool:
+    """Whether one launch can turn q and k: one source of angles, one dtype, layout and direction,
+    and both out of place or both in place (in place, they share no memory: checked before any
+    kernel runs). A kernel adds what its own launch needs besides."""
+    return (
+        q.source is k.source
+        and q.x.dtype == k.x.dtype
+        and q.layout == k.layout
+        and q.inverse == k.inverse
+        and ((q.out is None and k.out is None) or (q.out is q.x and k.out is k.x))
+    )
 
 
 @dataclass(frozen=True)

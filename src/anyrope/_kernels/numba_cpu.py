@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._job import Job
+from .._job import Job, turn_alike
 from ._numba_run import STORAGE, rows_of, run_kernel, run_kernels
 
 __all__ = ["run", "run_pair"]
@@ -37,19 +37,14 @@ def run(job: Job) -> Any:
 
 
 def run_pair(q: Job, k: Job) -> tuple[Any, Any]:
-    """q and k in one launch where they turn alike: one source and length of sequence, one dtype,
-    both out of place or both in place (in place, they share no memory: checked before any kernel
-    runs); otherwise, and while traced or recording gradients, one launch each."""
+    """q and k in one launch where they turn alike (:func:`turn_alike`) over sequences of one
+    length; otherwise, and while traced or recording gradients, one launch each."""
     x, y = q.x, k.x
     together = (
-        q.source is k.source
-        and not q.key.tracer
+        not q.key.tracer
         and not q.ctx.grad
-        and x.dtype == y.dtype
         and x.shape[q.seq_axis] == y.shape[k.seq_axis]
-        and q.layout == k.layout
-        and q.inverse == k.inverse
-        and ((q.out is None and k.out is None) or (q.out is x and k.out is y))
+        and turn_alike(q, k)
     )
     if not together:
         return run(q), run(k)

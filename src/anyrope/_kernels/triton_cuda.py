@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .._job import Job
+from .._job import Job, turn_alike
 
 __all__ = ["DEVICES", "run", "run_pair"]
 
@@ -24,17 +24,11 @@ def run(job: Job) -> Any:
 
 
 def run_pair(q: Job, k: Job) -> tuple[Any, Any]:
-    """q and k in one launch where they share their angles (one source), dtype, layout and kind
-    of destination; otherwise one launch each."""
+    """q and k in one launch where they turn alike (:func:`turn_alike`); otherwise one launch
+    each."""
     from . import _triton
 
-    together = (
-        q.source is k.source
-        and q.x.dtype == k.x.dtype
-        and q.layout == k.layout
-        and q.inverse == k.inverse
-        and ((q.out is None and k.out is None) or (q.out is q.x and k.out is k.x))
-    )
+    together = turn_alike(q, k)
     if not together:
         return run(q), run(k)
     return _triton.call_pair_ops(q, k, q.source.kernel_angles(q.x, q.seq_axis))
