@@ -3,11 +3,17 @@
     python benchmarks/run.py --out bench-results                 # full shapes, every installed backend
     python benchmarks/run.py --quick --backend numpy             # smaller shapes, fewer values
     python benchmarks/run.py --quick -- --rigorous               # after --: pyperf's own options
+    python benchmarks/run.py --rounds 3                          # three worker processes each
 
-Each benchmark is one pyperf invocation of bench_rope.py (``--only NAME --append``): pyperf
-aborts a whole invocation when a worker fails, and a peer or compiler that breaks on one case
-must cost that row only. The pyperf files go to ``OUT/pyperf/``, a log per failure to
-``OUT/logs/``, and ``OUT/run.json`` records the plan, the skips and the failures for report.py.
+Each benchmark is one pyperf invocation of bench_rope.py per round (``--only NAME --append``,
+one worker process): pyperf aborts a whole invocation when a worker fails, and a peer or
+compiler that breaks on one case must cost that row only. The benchmarks of one backend, case
+and dtype (both layouts: a row is compared with its case's copy and peers, and interleaved rows
+with the half layout's peers) take turns, round after round, so that rows compared with each
+other are timed through the same swings of a shared machine's speed. pyperf's options after
+``--`` apply to each round (``-p 2`` is two processes a round). The pyperf files go to
+``OUT/pyperf/``, a log per failure to ``OUT/logs/``, and ``OUT/run.json`` records the plan, the
+skips and the failures for report.py.
 Where an NVIDIA GPU is found, bench_gpu.py follows (its own process, CUDA-event timings, the GPU
 peers): ``OUT/gpu.md`` and ``OUT/gpu.json``.
 """
@@ -29,13 +35,20 @@ import rope_cases
 import rope_report
 
 HERE = Path(__file__).resolve().parent
-QUICK = ["--processes", "1", "--values", "3"]  # before the user's pyperf options, which win
+QUICK = ["--values", "3"]  # before the user's pyperf options, which win
+ROUNDS = 2  # worker processes per benchmark, one per round (pyperf's own default is also 2)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="benchmarks/run.py", description=__doc__.split("\n\n")[0])
     bench_rope.add_options(parser)
-    parser.add_argument("--quick", action="store_true", help="--size quick, one process of 3 values each")
+    parser.add_argument("--quick", action="store_true", help="--size quick, one round of 3 values each")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        metavar="N",
+        help=f"worker processes per benchmark, one per round (default: {ROUNDS}; 1 with --quick)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="default: %(default)s")
     parser.add_argument("--no-first-call", action="store_true", help="do not time first calls")
     parser.add_argument(
@@ -72,9 +85,28 @@ def _invoke(script: str, name: str, argv: list[str], log: Path) -> str:
     return f"{why[:200]} (log: {log})"
 
 
-def _config(args: argparse.Namespace, pyperf_args: list[str]) -> dict[str, Any]:
+def schedule(plan: Sequence[rope_cases.Bench], rounds: int) -> list[tuple[int, rope_cases.Bench]]:
+    """(round, benchmark) in the order they run: the benchmarks of one backend, case and dtype
+    take turns, ``rounds`` times over, before the next such group starts."""
+    groups: dict[tuple[str, str, str], list[rope_cases.Bench]] = {}
+    for bench in plan:
+        groups.setdefault((bench.backend, bench.case.name, bench.dtype), []).append(bench)
+    return [(round_, bench) for group in groups.values() for round_ in range(rounds) for bench in group]
+
+
+def calibrated_loops(path: Path, name: str) -> int:
+    """The loop length pyperf chose for benchmark ``name``'s first round: the later rounds keep it,
+    which spares each a calibration process and keeps its values comparable."""
+    import pyperf
+
+    runs = pyperf.BenchmarkSuite.load(str(path)).get_benchmark(name).get_runs()
+    return int([run for run in runs if run.values][-1].get_loops())
+
+
+def _config(args: argparse.Namespace, pyperf_args: list[str], rounds: int) -> dict[str, Any]:
     return {
         "size": args.size,
+        "rounds": rounds,
         "cases": {c.name: {"dims": list(c.dims), "what": c.what} for c in rope_cases.cases(args.size)},
         "pyperf_args": pyperf_args,
         "first_call_processes": 0 if args.no_first_call else args.first_call_processes,
@@ -92,19 +124,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     for old in (out / "pyperf").glob("*.json"):  # --append would mix this run with the last
         old.unlink()
     plan = bench_rope.chosen(args)
-    not_timed = []
-    for i, bench in enumerate(plan, 1):
-        print(f"[{i}/{len(plan)}] ", end="", flush=True)
+    rounds = args.rounds or (1 if args.quick else ROUNDS)
+    if rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {rounds}")
+    not_timed: list[dict[str, Any]] = []
+    failed: dict[str, str] = {}  # a benchmark that fails is not run again
+    later: list[dict[str, Any]] = []  # failed after its first round: its row keeps what it has
+    loops: dict[str, int] = {}  # calibrated in the first round, kept by the others
+    steps = schedule(plan, rounds)
+    for i, (round_, bench) in enumerate(steps, 1):
+        if bench.name in failed or (bench.skip and round_):
+            continue
+        print(f"[{i}/{len(steps)}] ", end="", flush=True)
         why = bench.skip
         if why:
             print(f"{bench.name}: skipped ({why})")
         else:
             target = out / "pyperf" / f"rope-{bench.backend}.json"
-            rope_argv = ["--size", args.size, "--append", str(target), *pyperf_args]
-            why = _invoke(
-                "bench_rope.py", bench.name, rope_argv, out / "logs" / f"{bench.name.replace('/', '_')}.log"
-            )
-        if why:
+            kept = ["--loops", str(loops[bench.name])] if bench.name in loops else []
+            rope_argv = [
+                "--size",
+                args.size,
+                "--append",
+                str(target),
+                "--processes",
+                "1",
+                *kept,
+                *pyperf_args,
+            ]
+            log = out / "logs" / f"{bench.name.replace('/', '_')}.log"
+            why = _invoke("bench_rope.py", bench.name, rope_argv, log)
+            if not why and round_ == 0 and rounds > 1:
+                loops[bench.name] = calibrated_loops(target, bench.name)
+        if why and not bench.skip:
+            failed[bench.name] = why
+        if why and round_:
+            later.append({"name": bench.name, "round": round_ + 1, "detail": why})
+        elif why:
             not_timed.append({
                 "backend": bench.backend, "shape": bench.case.name, "dims": list(bench.case.dims),
                 "dtype": bench.dtype, "layout": bench.layout, "variant": bench.variant, "tensors": bench.tensors,
@@ -137,13 +193,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if gpu.returncode:
             first_failed.append({"backend": "gpu", "variant": "bench_gpu.py", "status": "error",
                                  "detail": f"exit status {gpu.returncode}"})  # fmt: skip
-    run = {"config": _config(args, pyperf_args), "not_timed": not_timed, "first_call_failed": first_failed}
+    run = {
+        "config": _config(args, pyperf_args, rounds),
+        "not_timed": not_timed,
+        "first_call_failed": first_failed,
+        "failed_later_rounds": later,
+    }
     (out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
     status = rope_report.main([str(out)])
-    failed = [r for r in not_timed if r["status"] == "error"] + first_failed
-    if failed:
-        print(f"{len(failed)} benchmark(s) failed; see the notes above and {out / 'logs'}", file=sys.stderr)
-    return status or (1 if failed else 0)
+    failures = [r for r in not_timed if r["status"] == "error"] + first_failed + later
+    if failures:
+        print(f"{len(failures)} benchmark(s) failed; see the notes above and {out / 'logs'}", file=sys.stderr)
+    return status or (1 if failures else 0)
 
 
 if __name__ == "__main__":

@@ -293,6 +293,24 @@ def test_split_argv() -> None:
     assert run.split_argv(["--quick"]) == (["--quick"], [])
 
 
+def test_rounds_take_turns_within_a_backend_case_and_dtype() -> None:
+    """Every benchmark runs once per round; the benchmarks of one backend, case and dtype (both
+    layouts) take turns, so that rows compared with each other are timed close together."""
+    plan = rope_cases.plan("tiny", backends=["numpy"], shapes=["small", "decode"], dtypes=["float32"])
+    steps = run.schedule(plan, 2)
+    assert len(steps) == 2 * len(plan)
+    assert sorted((r, b.name) for r, b in steps) == sorted((r, b.name) for r in (0, 1) for b in plan)
+    groups = [(b.backend, b.case.name, b.dtype) for _, b in steps]
+    assert [g for i, g in enumerate(groups) if i == 0 or g != groups[i - 1]] == [
+        ("numpy", "decode", "float32"), ("numpy", "small", "float32"),
+    ]  # fmt: skip
+    first = [b for r, b in steps if r == 0 and b.case.name == "decode"]
+    again = [b for r, b in steps if r == 1 and b.case.name == "decode"]
+    assert first == again == [b for b in plan if b.case.name == "decode"]
+    assert {b.layout for b in first} == set(rope_cases.LAYOUTS)
+    assert run.schedule(plan, 1) == [(0, b) for b in plan]
+
+
 @pytest.fixture(scope="module")
 def numpy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real run in the smallest mode: tiny numpy shapes, one value each, one first call."""
@@ -318,12 +336,14 @@ def test_run_writes_pyperf_files_and_the_summary(numpy_run: Path) -> None:
     assert summary["schema"] == rope_report.SCHEMA
     assert summary["config"]["size"] == "tiny"
     assert summary["config"]["pyperf_args"] == ["--debug-single-value"]
+    assert summary["config"]["rounds"] == run.ROUNDS
     assert summary["machine"]["versions"]["pyperf"]
     assert "hostname" not in summary["machine"]
     rows = {(r["layout"], r["variant"]): r for r in summary["results"]}
     assert len(rows) == len(names)
     for r in rows.values():
         assert r["status"] == "ok", r
+        assert r["processes"] == run.ROUNDS  # one worker process per round
         assert r["dims"] == [1, 2, 4, 64]
         assert 0 < r["p25_s"] <= r["median_s"] <= r["p75_s"]
         assert r["x_copy_p25"] <= r["x_copy"] <= r["x_copy_p75"]
