@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {rounds}")
     not_timed: list[dict[str, Any]] = []
-    failed: dict[str, str] = {}  # a benchmark that fails is not run again
+    failed: set[str] = set()  # a benchmark that fails is not run again
     later: list[dict[str, Any]] = []  # failed after its first round: its row keeps what it has
     loops: dict[str, int] = {}  # calibrated in the first round, kept by the others
     steps = schedule(plan, rounds)
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not why and round_ == 0 and rounds > 1:
                 loops[bench.name] = calibrated_loops(target, bench.name)
         if why and not bench.skip:
-            failed[bench.name] = why
+            failed.add(bench.name)
         if why and round_:
             later.append({"name": bench.name, "round": round_ + 1, "detail": why})
         elif why:
