@@ -3,7 +3,7 @@
     python benchmarks/run.py --out bench-results                 # full shapes, every installed backend
     python benchmarks/run.py --quick --backend numpy             # smaller shapes, fewer values
     python benchmarks/run.py --quick -- --rigorous               # after --: pyperf's own options
-    python benchmarks/run.py --rounds 3                          # three worker processes each
+    python benchmarks/run.py --rounds 5                          # five worker processes each
 
 Each benchmark is one pyperf invocation of bench_rope.py per round (``--only NAME --append``,
 one worker process): pyperf aborts a whole invocation when a worker fails, and a peer or
@@ -36,7 +36,10 @@ import rope_report
 
 HERE = Path(__file__).resolve().parent
 QUICK = ["--values", "3"]  # before the user's pyperf options, which win
-ROUNDS = 2  # worker processes per benchmark, one per round (pyperf's own default is also 2)
+# Worker processes per benchmark, one per round. Three, not pyperf's two: a process can be slow
+# for its whole life (its heap layout, where its threads land), so that all its values are, and
+# with two processes such a one moves the pooled median halfway; with three the other two set it.
+ROUNDS = 3
 
 
 def _parser() -> argparse.ArgumentParser:
