@@ -37,8 +37,8 @@ import rope_report
 HERE = Path(__file__).resolve().parent
 QUICK = ["--values", "3"]  # before the user's pyperf options, which win
 # Worker processes per benchmark, one per round. Three, not pyperf's two: a process can be slow
-# for its whole life (a neighbour busy on one of the cores, for one), so that all its values are, and
-# with two processes such a one moves the pooled median halfway; with three the other two set it.
+# for its whole life (a neighbour busy on one of the cores, for one), and all its values with it;
+# with two processes such a one moves the pooled median halfway, with three the other two set it.
 ROUNDS = 3
 
 
