@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from harness import SPECS, Backend, default_ids, make_backend, target_ids
+from harness import SPECS, Backend, default_ids, deviations_of, make_backend, target_ids
 
 settings.register_profile(
     "default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -209,7 +209,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         target = callspec.params.get("backend") if callspec else None
         if target not in ids:  # None, or pytest's marker of an empty parameter set
             continue
-        deviations = SPECS[ids[target][0]].get("deviations", {})
+        deviations = deviations_of(target)
         for marker in item.iter_markers("feature"):
             found = deviations.get(marker.args[0])
             if found is not None and found["mode"] != "rounding":  # "rounding": see harness.assert_same

@@ -36,6 +36,14 @@ def target_ids() -> dict[str, tuple[str, str]]:
     return ids
 
 
+def deviations_of(target: str) -> dict[str, dict[str, Any]]:
+    """The known deviations of one target: its backend's, less those that name other devices
+    (``devices = ["cuda"]``: on CUDA alone)."""
+    name, kind = target_ids()[target]
+    found: dict[str, dict[str, Any]] = SPECS[name].get("deviations", {})
+    return {feature: d for feature, d in found.items() if kind in d.get("devices", [kind])}
+
+
 def installed(name: str) -> bool:
     return _arrays.is_installed(SPECS[name]["module"])
 
@@ -181,15 +189,16 @@ def make_backend(target: str) -> Backend:
         dtypes=dtypes,
         autograd=bool(spec.get("autograd")),
         compilers=list(spec.get("compilers", [])),
-        deviations=dict(spec.get("deviations", {})),
+        deviations=deviations_of(target),
     )
 
 
-def assert_same(backend: Backend, actual: Any, expected: Any, dtype: str) -> None:
+def assert_same(backend: Backend, actual: Any, expected: Any, dtype: str, *, compiled: bool = False) -> None:
     """Two forms of one rotation agree bit for bit, or to the dtype's rounding where the backend
-    declares the "bitwise-forms" deviation (a compiler that fuses each form its own way)."""
+    declares the "bitwise-forms" deviation (a compiler that fuses each form its own way), or,
+    for a compiled call against the eager one, "bitwise-compiled"."""
     want = backend.to_numpy(expected)
-    if "bitwise-forms" in backend.deviations:
+    if "bitwise-forms" in backend.deviations or (compiled and "bitwise-compiled" in backend.deviations):
         assert_close(backend, actual, want, dtype)
     else:
         np.testing.assert_array_equal(backend.to_numpy(actual), want)

@@ -87,7 +87,11 @@ def backend_matrix(root: Path = ROOT) -> str:
                 ),
                 "",
             ]
-            lines += [f"- `{feature}` ({d['mode']}): {d['reason']}" for feature, d in deviations.items()]
+            lines += [
+                f"- `{feature}` ({d['mode']}{''.join(f', {device} only' for device in d.get('devices', []))}): "
+                f"{d['reason']}"
+                for feature, d in deviations.items()
+            ]
         else:
             lines += ["", "No known deviations: the whole conformance suite passes."]
     return "\n".join(lines) + "\n"
