@@ -47,14 +47,19 @@ SIZES = {
         "prefill-gqa": ((4, 32, 4096, 128), (4, 8, 4096, 128)),
         "decode": ((256, 32, 1, 128), (256, 8, 1, 128)),
     },
+    # one layer of one model step, the shapes of issue 24's compiled figures: latency, not bandwidth
+    "step": {
+        "prefill-gqa": ((1, 32, 4096, 128), (1, 8, 4096, 128)),
+        "decode": ((32, 32, 1, 128), (32, 8, 1, 128)),
+    },
     "tiny": {
         "prefill": ((1, 4, 64, 128), (1, 4, 64, 128)),
         "prefill-gqa": ((1, 4, 64, 128), (1, 2, 64, 128)),
         "decode": ((8, 4, 1, 128), (8, 2, 1, 128)),
     },
 }
-# the variants torch.compile compiles (each compile takes seconds): in these dtypes only
-COMPILED_DTYPES = ("bfloat16",)
+# the variants torch.compile and AOTInductor compile (each takes seconds): in these dtypes only
+COMPILED_DTYPES = ("bfloat16", "float32")
 
 Call = Callable[[], Any]
 
@@ -176,7 +181,9 @@ def _max_diff(np: Any, got: Any, want: Any, to_numpy: Callable[[Any], Any]) -> f
 # ---------------------------------------------------------------- torch (CUDA: the Triton kernel)
 
 
-def torch_variants(case: str, dims: tuple[Any, Any], dtype: str, layout: str, device: str) -> dict[str, Any]:
+def torch_variants(
+    case: str, dims: tuple[Any, Any], dtype: str, layout: str, device: str, aoti: bool = False
+) -> dict[str, Any]:
     """name -> (call, result-for-comparison or None, note) for every torch variant of one case."""
     import torch
 
@@ -218,12 +225,17 @@ def torch_variants(case: str, dims: tuple[Any, Any], dtype: str, layout: str, de
         "on (batch, seq, heads, dim) buffers, seq_axis=-3",
     )
     if dtype in COMPILED_DTYPES and device == "cuda":
+        copy = torch.compile(lambda q, k: (q.clone(), k.clone()), fullgraph=True)
+        found["copy-compiled"] = (lambda: copy(q, k), None, "torch.compile of q.clone(), k.clone()")
         compiled = torch.compile(lambda q, k, o: rope(q, k, offset=o), fullgraph=True)
         found["anyrope-compiled"] = (
             lambda: compiled(q, k, offsets),
             reference,
             "torch.compile(fullgraph=True)",
         )
+        if aoti and layout == "half":  # the exported program is the generic code in either layout
+            loaded = _aot_inductor(torch, rope, q, k, offsets)
+            found["anyrope-aoti"] = (loaded, loaded(), "torch.export, AOTInductor's package loaded")
     if decode and device == "cuda":
         found["anyrope-graph"] = (_graphed(torch, ours), reference, "one CUDA graph replay")
 
@@ -263,7 +275,7 @@ def _torch_peers(
         found["transformers-full"] = (full, full(), "rotary_emb(x, position_ids) + apply")
         if dtype in COMPILED_DTYPES and device == "cuda":
             hf_compiled = torch.compile(full, fullgraph=True)
-            found["transformers-compiled"] = (hf_compiled, None, "torch.compile of the two")
+            found["transformers-compiled"] = (hf_compiled, hf_compiled(), "torch.compile of the two")
         liger = _import("liger_kernel.ops.rope")
         if liger is not None and device == "cuda":
             lq, lk = q_bshd.clone().transpose(1, 2), k_bshd.clone().transpose(1, 2)  # in place, as in models
@@ -288,6 +300,26 @@ def _torch_peers(
         found["flash-attn"] = (
             flash_call, tuple(t.transpose(1, 2) for t in got), "apply_rotary (Triton), tables given, (b, s, h, d)"
         )  # fmt: skip
+
+
+def _aot_inductor(torch: Any, rope: Any, q: Any, k: Any, offsets: Any) -> Call:
+    """The call in a module, exported and compiled ahead of time by AOTInductor, its package
+    loaded: what a model served from a ``.pt2`` file runs (decode offsets an input)."""
+    import tempfile
+
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+    decode = not isinstance(offsets, int)
+
+    class Rotate(torch.nn.Module):  # type: ignore[misc]
+        def forward(self, q: Any, k: Any, *rows: Any) -> Any:
+            return rope(q, k, offset=rows[0] if decode else 0)
+
+    inputs = (q, k, offsets) if decode else (q, k)
+    with tempfile.TemporaryDirectory() as folder:  # the loaded package keeps what it needs
+        program = torch.export.export(Rotate(), inputs)
+        loaded = aoti_load_package(aoti_compile_and_package(program, package_path=folder + "/rope.pt2"))
+    return lambda: loaded(*inputs)
 
 
 def _liger_result(fn: Any, q_bshd: Any, k_bshd: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
@@ -363,9 +395,11 @@ def jax_variants(case: str, dims: tuple[Any, Any], dtype: str, layout: str) -> d
 # ---------------------------------------------------------------- the run
 
 
-def _variants(backend: str, case: str, dims: Any, dtype: str, layout: str, device: str) -> dict[str, Any]:
+def _variants(
+    backend: str, case: str, dims: Any, dtype: str, layout: str, device: str, aoti: bool
+) -> dict[str, Any]:
     if backend == "torch":
-        return torch_variants(case, dims, dtype, layout, device)
+        return torch_variants(case, dims, dtype, layout, device, aoti)
     if backend == "cupy":
         return cupy_variants(case, dims, dtype, layout)
     return jax_variants(case, dims, dtype, layout)
@@ -382,7 +416,15 @@ def _to_numpy(backend: str) -> Callable[[Any], Any]:
 
 
 def run_case(
-    backend: str, case: str, dims: Any, dtype: str, layout: str, device: str, rounds: int, target: float
+    backend: str,
+    case: str,
+    dims: Any,
+    dtype: str,
+    layout: str,
+    device: str,
+    rounds: int,
+    target: float,
+    aoti: bool = False,
 ) -> list[Row]:
     import numpy as np
 
@@ -390,7 +432,7 @@ def run_case(
     name = f"{backend}-{device}" if backend == "torch" else backend
     rows, timed = [], []
     reference = None  # anyrope's result (eager, or jitted on JAX): what every other result is held to
-    for variant, (call, result, note) in _variants(backend, case, dims, dtype, layout, device).items():
+    for variant, (call, result, note) in _variants(backend, case, dims, dtype, layout, device, aoti).items():
         row = Row(name, case, dtype, layout, variant, note=note)
         rows.append(row)
         if call is None:
@@ -451,6 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.02, help="seconds per timed loop")
     parser.add_argument("--dtype", action="append", choices=DTYPES)
     parser.add_argument("--case", action="append", choices=tuple(SIZES["full"]))
+    parser.add_argument(
+        "--aoti",
+        action="store_true",
+        help="also time AOTInductor packages (torch 2.11's loader segfaulted on an H200 for any CUDA package)",
+    )
     args = parser.parse_args(argv)
     backends = args.backend or (["torch"] if args.device == "cpu" else ["torch", "cupy", "jax"])
     rows: list[Row] = []
@@ -466,7 +513,15 @@ def main(argv: list[str] | None = None) -> int:
             for dtype in args.dtype or DTYPES:
                 for layout in LAYOUTS:
                     found = run_case(
-                        backend, case, dims, dtype, layout, args.device, args.rounds, args.target
+                        backend,
+                        case,
+                        dims,
+                        dtype,
+                        layout,
+                        args.device,
+                        args.rounds,
+                        args.target,
+                        args.aoti,
                     )
                     rows.extend(found)
                     print(report(found), flush=True)
