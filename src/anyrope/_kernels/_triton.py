@@ -150,13 +150,11 @@ def _rotate_block(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton 
             n = n * scale
     if INVERSE:
         n = -n
-    if HALF:
-        first = j[None, :]
-        second = first + PAIRS
-    else:
-        first = 2 * j[None, :]
-        second = first + 1
+    first = j[None, :]  # half layout: pair j is (j, j + PAIRS)
+    second = first + PAIRS
+    element = tl.arange(0, 2 * PAIRS_P2)[None, :]  # interleaved: pair j is (2j, 2j + 1), read as one row
     tail = 2 * PAIRS + tl.arange(0, TAIL_P2)[None, :]
+    out_type = out_ptr.dtype.element_ty
     for h in range(HEADS):
         head = group * HEADS + h
         live = head < heads * trail  # the last group may be short: its extra heads do nothing
@@ -164,12 +162,18 @@ def _rotate_block(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton 
         t = (head % trail).to(tl.int64)
         x_row = x_ptr + b * sxb + a * sxh + t * sxt + s[:, None] * sxs
         out_row = out_ptr + b * sob + a * soh + t * sot + s[:, None] * sos
-        here = s_ok[:, None] & (j < tl.where(live, PAIRS, 0))[None, :]
-        x1 = _widen(tl.load(x_row + first, mask=here, other=0.0), BF16, COMPUTE)
-        x2 = _widen(tl.load(x_row + second, mask=here, other=0.0), BF16, COMPUTE)
-        out_type = out_ptr.dtype.element_ty
-        tl.store(out_row + first, _narrow(x1 * c - x2 * n, BF16, out_type), mask=here)
-        tl.store(out_row + second, _narrow(x2 * c + x1 * n, BF16, out_type), mask=here)
+        if HALF:
+            here = s_ok[:, None] & (j < tl.where(live, PAIRS, 0))[None, :]
+            x1 = _widen(tl.load(x_row + first, mask=here, other=0.0), BF16, COMPUTE)
+            x2 = _widen(tl.load(x_row + second, mask=here, other=0.0), BF16, COMPUTE)
+            tl.store(out_row + first, _narrow(x1 * c - x2 * n, BF16, out_type), mask=here)
+            tl.store(out_row + second, _narrow(x2 * c + x1 * n, BF16, out_type), mask=here)
+        else:  # contiguous rows split into pairs in registers: stride-2 accesses are not vectorised
+            here = s_ok[:, None] & (element < tl.where(live, 2 * PAIRS, 0))
+            row = _widen(tl.load(x_row + element, mask=here, other=0.0), BF16, COMPUTE)
+            x1, x2 = tl.split(tl.reshape(row, (BLOCK_S, PAIRS_P2, 2)))
+            turned = tl.reshape(tl.join(x1 * c - x2 * n, x2 * c + x1 * n), (BLOCK_S, 2 * PAIRS_P2))
+            tl.store(out_row + element, _narrow(turned, BF16, out_type), mask=here)
         if COPY_TAIL:
             kept = s_ok[:, None] & (tail < tl.where(live, width, 0))
             tl.store(out_row + tail, tl.load(x_row + tail, mask=kept), mask=kept)
