@@ -459,6 +459,15 @@ def _device_name(backend: str, device: str) -> str:
     return device
 
 
+def _versions(backend: str) -> str:
+    """The versions a GPU figure depends on: the library's, its compiler's and the peers'."""
+    names = {"torch": ("torch", "triton", "transformers"), "cupy": ("cupy",), "jax": ("jax", "jaxlib")}[
+        backend
+    ]
+    modules = {name: _import(name) for name in names}
+    return ", ".join(f"{n} {getattr(m, '__version__', '?')}" if m else f"no {n}" for n, m in modules.items())
+
+
 def report(rows: list[Row]) -> str:
     """A Markdown table per backend and case: median time, share of the copy, peers' ratio."""
     out = []
@@ -506,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         if backend != "torch" and _import(backend) is None:
             header.append(f"{backend}: not installed, skipped")
             continue
-        header.append(f"{backend}: {_device_name(backend, args.device)}")
+        header.append(f"{backend}: {_device_name(backend, args.device)} ({_versions(backend)})")
         for case, dims in SIZES[args.size].items():
             if args.case and case not in args.case:
                 continue
