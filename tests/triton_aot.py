@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import sys
 from collections import Counter
+from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -54,26 +55,32 @@ def signature(names: list[str], dtype: str) -> dict[str, str]:
     return {n: kinds.get(n, "constexpr" if n.isupper() else "i64") for n in names}
 
 
+def build(dtype: str, arch: int, aligned: bool = False, **constants: object) -> Any:
+    """The kernel compiled for ``sm_{arch}``; ``aligned``: its pointers and strides divisible by
+    16, as a launch on contiguous rows of 128 features specialises them."""
+    names = _triton._rotate_kernel.arg_names
+    constants = {
+        "INVERSE": False, "SCALED": False, "MULTI": False, "WIDE": dtype == "float64",
+        "BF16": dtype == "bfloat16", "SPLIT": SPLIT_BITS, "MASK": (1 << SPLIT_BITS) - 1, "HEADS": 8,
+    } | constants  # fmt: skip
+    strides = [n for n in names if n.endswith("_ptr") or re.fullmatch(r"s[xyoc]\w*|si_row", n)]
+    source = ASTSource(
+        fn=_triton._rotate_kernel,
+        signature=signature(names, dtype),
+        constexprs={(names.index(k),): v for k, v in constants.items()},
+        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in strides} if aligned else {},
+    )
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": False})
+
+
 def main() -> int:
-    kernel = _triton._rotate_kernel
-    names = kernel.arg_names
     built = 0
     for dtype, mode, multi, half in VARIANTS:
-        constants = {
-            "PAIRS": 48, "PAIRS_P2": 64, "TAIL_P2": 32, "MODE": mode, "MULTI": multi, "HALF": half,
-            "INVERSE": mode == TABLES, "SCALED": mode != TABLES, "COPY_TAIL": True,
-            "WIDE": dtype == "float64", "BF16": dtype == "bfloat16", "SPLIT": SPLIT_BITS, "MASK": (1 << SPLIT_BITS) - 1,
-            "BLOCK_S": 32, "HEADS": 8, "TWO": mode != TABLES,
-        }  # fmt: skip
-        source = ASTSource(
-            fn=kernel,
-            signature=signature(names, dtype),
-            constexprs={(names.index(k),): v for k, v in constants.items()},
-        )
         for arch in ARCHITECTURES:
-            compiled = triton.compile(
-                source, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": False}
-            )
+            compiled = build(
+                dtype, arch, PAIRS=48, PAIRS_P2=64, TAIL_P2=32, MODE=mode, MULTI=multi, HALF=half,
+                INVERSE=mode == TABLES, SCALED=mode != TABLES, COPY_TAIL=True, BLOCK_S=32, TWO=mode != TABLES,
+            )  # fmt: skip
             assert compiled.asm["cubin"], f"no cubin for {dtype}, mode {mode}, sm_{arch}"
             built += 1
     print(built, written_once(), vector_accesses())
@@ -86,27 +93,14 @@ def vector_accesses() -> int:
     vectorised: 32 16-bit loads and 32 stores per head and block of tokens in bfloat16, and a
     prefill 5 to 6.7 times a copy on an H200). Compiled as a launch specialises them: strides and
     pointers divisible by 16."""
-    kernel = _triton._rotate_kernel
-    names = kernel.arg_names
-    aligned = [n for n in names if n.endswith("_ptr") or re.fullmatch(r"s[xyoc]\w*|si_row", n)]
     checked = 0
     for dtype, scalar in (("bfloat16", "b16"), ("float32", "b32")):
         found = {}
         for half in (True, False):
-            constants = {
-                "PAIRS": 64, "PAIRS_P2": 64, "TAIL_P2": 1, "MODE": STARTS, "MULTI": False, "HALF": half,
-                "INVERSE": False, "SCALED": False, "COPY_TAIL": False, "WIDE": False, "BF16": dtype == "bfloat16",
-                "SPLIT": SPLIT_BITS, "MASK": (1 << SPLIT_BITS) - 1, "BLOCK_S": 16, "HEADS": 8, "TWO": True,
-            }  # fmt: skip
-            source = ASTSource(
-                fn=kernel,
-                signature=signature(names, dtype),
-                constexprs={(names.index(k),): v for k, v in constants.items()},
-                attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
-            )
-            ptx = triton.compile(
-                source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}
-            ).asm["ptx"]
+            ptx = build(
+                dtype, 90, aligned=True, PAIRS=64, PAIRS_P2=64, TAIL_P2=1, MODE=STARTS, HALF=half,
+                COPY_TAIL=False, BLOCK_S=16, TWO=True,
+            ).asm["ptx"]  # fmt: skip
             found[half] = Counter(re.findall(r"\b(?:ld|st)\.(?:global|shared)[.\w]*", ptx))
         stores = {k: v for k, v in found[False].items() if k.startswith("st.global")}
         assert stores == {k: v for k, v in found[True].items() if k.startswith("st.global")}, found
