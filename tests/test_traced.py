@@ -298,16 +298,89 @@ def test_a_compiled_call_reads_no_memo(torch: Any) -> None:
 
 
 def _graph_ops(torch: Any, fn: Callable[..., Any], *args: Any, dynamic: bool | None = None) -> list[str]:
-    """The operators of the graph torch.compile hands its backend for ``fn(*args)``."""
+    """The operators of the forward graph that AOTAutograd traces for inductor from what
+    torch.compile captures of ``fn(*args)``: a call dynamo handed on whole is traced there."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
     seen: list[str] = []
 
-    def capture(graph: Any, example_inputs: Any) -> Any:
+    def forward(graph: Any, example_inputs: Any) -> Any:
         seen.extend(str(node.target) for node in graph.graph.nodes if node.op == "call_function")
-        return graph.forward
+        return make_boxed_func(graph.forward)
+
+    def capture(graph: Any, example_inputs: Any) -> Any:
+        return aot_module_simplified(graph, example_inputs, fw_compiler=forward)
 
     torch._dynamo.reset()
     torch.compile(fn, backend=capture, fullgraph=True, dynamic=dynamic)(*args)
     return seen
+
+
+# Code a call traced by dynamo step by step reads, which a call handed on whole leaves unguarded
+INNER_MODULES = (
+    "_angles",
+    "_exact",
+    "_frequencies",
+    "_tables",
+    "_kernel_angles",
+    "_job",
+    "_pairs",
+    "_kernels",
+)
+
+
+def _guards(torch: Any, fn: Callable[..., Any], *args: Any) -> list[str]:
+    """The names of what dynamo guards for ``fn(*args)``, compiled by inductor."""
+    names: list[str] = []
+
+    def keep_all(entries: list[Any]) -> list[bool]:
+        names.extend(entry.name for entry in entries)
+        return [True] * len(entries)
+
+    torch._dynamo.reset()
+    torch.compile(fn, fullgraph=True, options={"guard_filter_fn": keep_all})(*args)
+    return names
+
+
+HANDED_ON_FORMS: dict[str, Callable[[Any, Any, Any, Any], Any]] = {
+    "offsets": lambda rope, q, k, n: rope(q, k, offset=n.arange(q.shape[0]) * 97 + 1000),
+    "positions": lambda rope, q, k, n: rope(q, k, positions=n.arange(q.shape[2]).expand(q.shape[0], -1) + 5),
+    "offset 0": lambda rope, q, k, n: rope(q, k),
+}
+
+
+@pytest.mark.parametrize("form", list(HANDED_ON_FORMS))
+def test_compiled_calls_are_handed_on_whole(torch: Any, form: str) -> None:
+    """Under torch.compile a call of tensors, at tensor positions or offsets or offset 0, reaches
+    dynamo's graph as one opaque call that AOTAutograd traces (torch._dynamo.nonstrict_trace):
+    dynamo guards none of anyrope's table, angle or kernel code (each guard is evaluated before
+    every compiled call), and inductor still gets the kept tables and the same result bit for bit."""
+    if not hasattr(torch._dynamo, "nonstrict_trace"):
+        pytest.skip("torch < 2.7 has no nonstrict_trace: calls are traced step by step")
+    rope = anyrope.RoPE(16, layout="interleaved", scaling=sc.YaRN(4.0, 4))
+    q, k = torch.randn(3, 4, 2, 16), torch.randn(3, 1, 2, 16)
+    call = functools.partial(HANDED_ON_FORMS[form], rope, n=torch)
+    inner = [name for name in _guards(torch, call, q, k) if any(m in name for m in INNER_MODULES)]
+    assert not inner, inner
+    ops = _graph_ops(torch, call, q, k)
+    assert sum("keep_tables" in op for op in ops) == (0 if form == "offset 0" else 1), ops
+    torch._dynamo.reset()
+    for got, want in zip(torch.compile(call, fullgraph=True)(q, k), call(q, k), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_compiled_calls_that_raise_say_why(torch: Any) -> None:
+    """A call handed on whole that raises while dynamo runs it is traced again step by step, so
+    dynamo reports anyrope's own error, not an unsupported output of nonstrict_trace."""
+    rope = anyrope.RoPE(16)
+    q, positions = torch.randn(2, 4, 5, 16), torch.arange(4)  # 4 positions for 5 tokens
+    torch._dynamo.reset()
+    with pytest.raises((ValueError, torch._dynamo.exc.Unsupported), match="positions"):
+        torch.compile(lambda q, p: rope(q, positions=p), fullgraph=True)(q, positions)
+    torch._dynamo.reset()
+    with pytest.raises((ValueError, torch._dynamo.exc.Unsupported), match="not both"):
+        torch.compile(lambda q, p: rope(q, positions=p, offset=p[:2]), fullgraph=True)(q, torch.arange(5))
 
 
 @pytest.mark.parametrize("rope_name", ["plain", "dynamic", "yarn"])

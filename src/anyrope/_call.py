@@ -16,14 +16,15 @@ from typing import Any
 
 from . import _dask
 from ._checks import check_input, check_out, check_tables, check_writable, normalize_seq_axis
-from ._compat import check_same_device, is_array
+from ._compat import check_same_device, dynamo_hands_on, is_array
 from ._context import CallContext, call_context, inspect_call, make_context
 from ._dtypes import compute_dtype, isdtype
+from ._handle import Handle
 from ._job import Job, key_prefix, make_job
 from ._layout import normalize_layout
 from ._memo import Memo
 from ._positions import position_spec
-from ._registry import current_switch, run
+from ._registry import Switch, current_switch, run, use_fast_paths
 from ._rotary import Rotary
 from ._tables import GivenTables, PositionTables, XPosTables
 
@@ -123,6 +124,16 @@ def rope_call(
         # decode steps share one program.
         start = None if positions is not None or (type(offset) is int and offset == 0) else offset
         return _jax_compiled(rotary, seq_axis, inverse)(q, k, positions, start)
+    if _torch_hands_on(q, k, positions, offset, seq_axis, inplace):
+        from ._torch_ops import hand_on, refused  # imports torch: q came from it
+
+        handed = (() if value is None else value for value in (k, positions))  # no None in a pytree
+        # An int offset is 0 here (see _torch_hands_on), passed as the literal: one that dynamo
+        # made symbolic after it changed would reach the handed-on call as a SymInt
+        start = 0 if type(offset) is int else offset
+        out = hand_on(_HANDED_ON, rotary.handle, q, *handed, start, seq_axis, inverse, current_switch(True))
+        if not refused():
+            return out
     arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
     plan = call_plan(
         arrays, _arrays_given(positions, offset), seq_axis=seq_axis, layout=rotary.layout, inplace=inplace,
@@ -174,6 +185,45 @@ def rope_call(
 # An offset this far from 0 leaves room for any sequence within int32: past it, the eager path
 # checks that the last position fits.
 _SAFE_OFFSET = 2**30
+
+
+def _torch_hands_on(q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inplace: bool) -> bool:
+    """Whether dynamo traces this call and can hand it whole to AOTAutograd, to be traced there
+    as plain Python (:func:`anyrope._torch_ops.hand_on`): dynamo then guards the call's
+    arguments, not every function and constant that anyrope's Python reads (10 us of a 100 us
+    compiled decode step on a CPU). Its arrays must be tensors and every other argument a Python
+    scalar; lists, NumPy positions, ``inplace`` and a Kernel object as the switch are traced by
+    dynamo step by step, as before. So is an int offset other than 0: dynamo makes a changing
+    int symbolic, which a handed-on call would fix to each value (a compilation per decode step),
+    and dynamo shows a symbolic int as an int (0 itself is handed on as the literal)."""
+    if inplace or type(seq_axis) is not int or not dynamo_hands_on(q):
+        return False
+    if not all(value is None or type(value) is type(q) for value in (k, positions)):
+        return False
+    if not (type(offset) is type(q) or (type(offset) is int and offset == 0)):
+        return False
+    return type(current_switch(True)) in (bool, str)
+
+
+def _rope_handed_on(
+    rotary: Rotary, q: Any, k: Any, positions: Any, offset: Any, seq_axis: int, inverse: bool, switch: Switch
+) -> Any:
+    """A call that dynamo handed on, as AOTAutograd traces it: the checks and choices of an
+    eager call, under the switch that held where dynamo met it."""
+    k, positions = (None if type(value) is tuple else value for value in (k, positions))
+    try:
+        with use_fast_paths(switch):
+            return rope_call(rotary, q, k, positions, offset, seq_axis, False, inverse)
+    except Exception as error:
+        from ._torch_ops import refuse
+
+        if not refuse(error):
+            raise
+        return q if k is None else (q, k)  # stand-ins: rope_call is traced again, and raises there
+
+
+# What hand_on calls: made before any trace, as dynamo takes a constant argument (see ._handle)
+_HANDED_ON = Handle(_rope_handed_on)
 
 
 def _jax_compiles(q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inplace: bool) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "check_same_device",
     "check_writeable",
     "device_of",
+    "dynamo_hands_on",
     "environment",
     "host_array",
     "is_library",
@@ -105,6 +106,20 @@ def torch_compiling(value: Any) -> bool:
     import torch
 
     return bool(torch.compiler.is_compiling())
+
+
+def dynamo_hands_on(value: Any) -> bool:
+    """Whether ``value`` is a torch object and dynamo traces a call that it can hand whole to
+    AOTAutograd (:func:`anyrope._torch_ops.hand_on`), asked as :func:`torch_compiling` asks."""
+    if not _is_torch_type(type(value)):
+        return False
+    import torch
+
+    if not torch.compiler.is_dynamo_compiling() or not hasattr(torch.library, "register_fake"):  # torch < 2.4
+        return False
+    from ._torch_ops import hands_on
+
+    return hands_on()
 
 
 def is_array(value: Any) -> bool:
@@ -310,13 +325,16 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
         return cos, sin
     import torch
 
-    # Asked of dynamo itself, not is_exporting() (see tracer)
-    if not torch.compiler.is_dynamo_compiling() or not hasattr(torch.library, "register_fake"):  # torch < 2.4
+    if not hasattr(torch.library, "register_fake"):  # torch < 2.4
+        return cos, sin
+    # defines its operator as it loads: eagerly, never traced
+    from ._torch_ops import dynamo_traces
+    from ._torch_ops import keep_tables as keep
+
+    if not dynamo_traces():  # asked of torch.compile itself, not is_exporting() (see tracer)
         return cos, sin
     if cos.requires_grad or sin.requires_grad:  # the operator has no gradient (no table needs one)
         return cos, sin
-    from ._torch_ops import keep_tables as keep  # defines its operator as it loads: eagerly, never traced
-
     kept: tuple[Any, Any] = keep(cos, sin)
     return kept
 

@@ -6,6 +6,10 @@ tensors returned enter the graph as inputs that each compiled call reads in plac
 of such a call must be constants to every dynamo version, which an object is not (torch 2.11
 cannot pass a frozen dataclass, and floats and ints read from objects may be symbolic); the
 handle is passed as the method's ``self``, which dynamo leaves as it is.
+
+:func:`anyrope._torch_ops.hand_on` passes handles the other way: a whole call, handed by dynamo
+to AOTAutograd, reaches its function and its rotary through two handles, constants that dynamo
+compares by identity.
 """
 
 from __future__ import annotations
@@ -26,6 +30,14 @@ class Handle(Generic[T]):
 
     def __init__(self, owner: T) -> None:
         self.owner = owner
+
+    # Compared by identity, said explicitly: torch's pytree takes a handle as a constant only
+    # with an __eq__ of its own (see anyrope._torch_ops.hand_on)
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
 
     def fetch(self, make: Callable[..., R], *args: Any) -> R:
         """``make(owner, *args)``; ``make`` a module-level function, ``args`` constants."""

@@ -68,17 +68,24 @@ def _traced_length(rotary: Rotary) -> int:
     return min(rotary.max_position or TRACED_ROWS, TRACED_ROWS)
 
 
-def _kept_prefix(rotary: Rotary, device: Any, dtype: Any, which: str, part: int) -> Any:
+def _kept_prefix(
+    rotary: Rotary, device: Any, dtype: Any, which: str, part: int, rows: tuple[int, int] | None = None
+) -> Any:
     """The cos (``part`` 0) or sin (1) prefix table of a traced call's frequencies, as eager calls
-    keep it (the same entry), or None where the cache keeps none that long."""
+    keep it (the same entry), or None where the cache keeps none that long; ``rows``: (start,
+    stop), only those rows (a view)."""
     from array_api_compat import torch as xp
 
     from ._torch_ops import real_tensors
 
-    rows = _traced_length(rotary)
+    length = _traced_length(rotary)
     with real_tensors():
-        found = prefix_tables(rotary, xp, environment(xp, device), rotary.spectrum.named(which), rows, dtype)
-    return None if found is None else found[part]
+        found = prefix_tables(
+            rotary, xp, environment(xp, device), rotary.spectrum.named(which), length, dtype
+        )
+        if found is None:
+            return None
+        return found[part] if rows is None else found[part][rows[0] : rows[1], ...]
 
 
 class PositionTables:
@@ -129,15 +136,25 @@ class PositionTables:
         from ._torch_ops import (
             dynamo_static_by_default,
             dynamo_traces,
+            handed_on,
+            traced_constant,
         )  # imports torch: the array came from it
 
         if not dynamo_traces() or not dynamo_static_by_default():
             return None
+        start = spec.start
+        if start < 0 or start + seq > _traced_length(self.rotary):
+            return None
+        if handed_on():  # offset 0 (see rope_call): the rows themselves, as constants of the graph
+            rows = [
+                self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, part, (start, start + seq))
+                for part in (0, 1)
+            ]
+            return None if rows[0] is None else (traced_constant(rows[0]), traced_constant(rows[1]))
         # cos and sin fetched apart: dynamo cannot index a tuple of fetched tensors (dynamic=True)
         cos = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 0)
         sin = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 1)
-        start = spec.start
-        if cos is None or start < 0 or start + seq > _traced_length(self.rotary):
+        if cos is None:
             return None
         return cos[start : start + seq, ...], sin[start : start + seq, ...]
 

@@ -1,6 +1,7 @@
 """What torch's tracers need of anyrope: the operator that keeps a call's tables while
-torch.compile compiles it, and :class:`anyrope._handle.Handle`'s fetch of kept constants as plain
-Python; imported on first use (it imports torch).
+torch.compile compiles it, :class:`anyrope._handle.Handle`'s fetch of kept constants as plain
+Python, and :func:`hand_on`, which hands a whole call to AOTAutograd; imported on first use (it
+imports torch).
 
 Inductor fuses elementwise work into its consumers: left alone, the float64 angles and their cos
 and sin go into the loop over every head, formed once per head instead of once per call. An
@@ -9,18 +10,103 @@ them. The operator only copies, so results are unchanged.
 """
 
 import contextlib
+import threading
 from typing import Any, cast
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils import _python_dispatch, _pytree
 
 from ._handle import Handle
 
-__all__ = ["dynamo_static_by_default", "dynamo_traces", "keep_tables", "real_tensors"]
+__all__ = [
+    "dynamo_static_by_default", "dynamo_traces", "hand_on", "handed_on", "hands_on", "keep_tables",
+    "real_tensors", "refuse", "refused", "traced_constant",
+]  # fmt: skip
+
+# How many calls handed on by hand_on this thread is inside (AOTAutograd traces them as plain Python)
+_handed = threading.local()
 
 
 def dynamo_traces() -> bool:
-    return bool(torch.compiler.is_dynamo_compiling())
+    """Whether torch.compile traces this code: dynamo itself, or AOTAutograd inside a call that
+    :func:`hand_on` handed on (the same choices hold there: the same compiler gets the graph)."""
+    return bool(torch.compiler.is_dynamo_compiling()) or handed_on()
+
+
+def handed_on() -> bool:
+    """Whether AOTAutograd traces a call that :func:`hand_on` handed on, here on this thread."""
+    return getattr(_handed, "depth", 0) > 0
+
+
+def hands_on() -> bool:
+    """Whether a call here should go through :func:`hand_on`: dynamo traces it (not a call that
+    was handed on already) and this torch can (``torch._dynamo.nonstrict_trace``, torch 2.7)."""
+    return _handed_on is not None and bool(torch.compiler.is_dynamo_compiling())
+
+
+def hand_on(entry: Handle[Any], owner: Handle[Any], *args: Any) -> Any:
+    """``entry.owner(owner.owner, *args)`` as one opaque call in dynamo's graph, which
+    AOTAutograd traces as plain Python (``torch._dynamo.nonstrict_trace``).
+
+    dynamo guards every global, function and attribute that the code it traces reads: about
+    350 guards for a call of anyrope, 12 us before every compiled call on a CPU (transformers'
+    rotary: 2.4 us). A handed-on call costs guards on its arguments and on torch's pytree
+    registry, which dynamo reads as it flattens them: about 200, 6 us. ``args`` must be tensors,
+    Python scalars and tuples of them (no None); dynamo specialises the scalars, a symbolic int
+    included. What the call reads beside them must not change: a frozen owner, module constants.
+    AOTAutograd's cache passes over such graphs (nonstrict_trace is not cacheable), so a new
+    process traces them again."""
+    assert _handed_on is not None, "hand_on needs torch._dynamo.nonstrict_trace: ask hands_on() first"
+    return _handed_on(entry, owner, *args)
+
+
+def traced_constant(tensor: torch.Tensor) -> torch.Tensor:
+    """A kept tensor as a constant of the graph AOTAutograd traces from a handed-on call: lifted,
+    as ``torch.tensor`` lifts its data (a real tensor met there as it is fails inductor's checks)."""
+    return cast("torch.Tensor", torch.ops.aten.lift_fresh.default(tensor))
+
+
+def refuse(error: Exception) -> bool:
+    """Whether a handed-on call that raised ``error`` is being run by dynamo on fake tensors, to
+    learn its outputs: then ``error`` is kept (see :func:`refused`) and the call should return
+    stand-ins, since dynamo would report any error there as an unsupported output. Elsewhere
+    (AOTAutograd's trace, an eager backend) it should raise as it is."""
+    from torch._subclasses.fake_tensor import fake_tensor_tls
+
+    in_dynamo = getattr(fake_tensor_tls, "allow_non_fake_inputs_override", None) is True  # nonstrict_trace's
+    key = getattr(torch._C, "_TorchDispatchModeKey", None)
+    if not in_dynamo or key is None or torch._C._get_dispatch_mode(key.PROXY) is not None:  # AOTAutograd's
+        return False
+    _handed.refused = error
+    return True
+
+
+def refused() -> bool:
+    """Whether the call just handed on raised while dynamo ran it (see :func:`refuse`): the caller
+    then traces it step by step, and meets the error where dynamo reports it as its own."""
+    return getattr(_handed, "refused", None) is not None
+
+
+def _run_handed_on(entry: Handle[Any], owner: Handle[Any], *args: Any) -> Any:
+    _handed.refused = None
+    _handed.depth = getattr(_handed, "depth", 0) + 1
+    try:
+        return entry.owner(owner.owner, *args)
+    finally:
+        _handed.depth -= 1
+
+
+def _handing_on() -> Any:
+    nonstrict = getattr(torch._dynamo, "nonstrict_trace", None)
+    register = getattr(_pytree, "register_constant", None)
+    if nonstrict is None or register is None:  # torch < 2.7
+        return None
+    register(Handle)  # a constant to dynamo, compared by identity (Handle.__eq__)
+    return nonstrict(_run_handed_on)
+
+
+_handed_on = _handing_on()
 
 
 def dynamo_static_by_default() -> bool:
@@ -34,8 +120,12 @@ torch.compiler.assume_constant_result(Handle.fetch)  # type: ignore[no-untyped-c
 
 
 def real_tensors() -> contextlib.AbstractContextManager[Any]:
-    """Where tensors made while dynamo traces are real, to be kept: outside any fake mode."""
-    return cast("contextlib.AbstractContextManager[Any]", unset_fake_temporarily())
+    """Where tensors made while torch.compile traces are real, to be kept: outside any fake mode,
+    and outside AOTAutograd's functionalisation and proxy modes where it traces a handed-on call."""
+    disable = getattr(_python_dispatch, "_disable_current_modes", None)
+    return cast(
+        "contextlib.AbstractContextManager[Any]", unset_fake_temporarily() if disable is None else disable()
+    )
 
 
 # A torch.library operator, not a custom_op: a custom_op's Python wrapper and autograd kernel
