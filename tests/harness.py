@@ -214,3 +214,25 @@ def assert_close(
     size = scale if scale is not None else max(1.0, float(np.max(np.abs(expected), initial=0.0)))
     err = float(np.max(np.abs(got - expected), initial=0.0))
     assert err <= TOLERANCE[dtype] * size, f"{dtype}: max error {err:.3g} > {TOLERANCE[dtype] * size:.3g}"
+
+
+def compiled_ops(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None) -> list[str]:
+    """The operators of the forward graph that AOTAutograd traces for inductor from what
+    torch.compile captures of ``fn(*args)``: a call that dynamo hands on whole (see
+    anyrope._torch_ops.hand_on) is traced there, so its operators are these, not dynamo's."""
+    import torch
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    seen: list[str] = []
+
+    def forward(graph: Any, example_inputs: Any) -> Any:
+        seen.extend(str(node.target) for node in graph.graph.nodes if node.op == "call_function")
+        return make_boxed_func(graph.forward)
+
+    def capture(graph: Any, example_inputs: Any) -> Any:
+        return aot_module_simplified(graph, example_inputs, fw_compiler=forward)
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=capture, fullgraph=True, dynamic=dynamic)(*args)
+    return seen

@@ -18,7 +18,7 @@ import anyrope
 from anyrope import scaling as sc
 
 import oracle
-from harness import Backend, assert_close, make_backend
+from harness import Backend, assert_close, compiled_ops, make_backend
 
 CALLS: dict[str, Callable[[Any, Any, Any], Any]] = {
     "int offset": lambda rope, q, k: rope(q, k, offset=3),
@@ -297,26 +297,6 @@ def test_a_compiled_call_reads_no_memo(torch: Any) -> None:
     assert compilations == 1
 
 
-def _graph_ops(torch: Any, fn: Callable[..., Any], *args: Any, dynamic: bool | None = None) -> list[str]:
-    """The operators of the forward graph that AOTAutograd traces for inductor from what
-    torch.compile captures of ``fn(*args)``: a call dynamo handed on whole is traced there."""
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    seen: list[str] = []
-
-    def forward(graph: Any, example_inputs: Any) -> Any:
-        seen.extend(str(node.target) for node in graph.graph.nodes if node.op == "call_function")
-        return make_boxed_func(graph.forward)
-
-    def capture(graph: Any, example_inputs: Any) -> Any:
-        return aot_module_simplified(graph, example_inputs, fw_compiler=forward)
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=capture, fullgraph=True, dynamic=dynamic)(*args)
-    return seen
-
-
 # Code a call traced by dynamo step by step reads, which a call handed on whole leaves unguarded
 INNER_MODULES = (
     "_angles",
@@ -363,7 +343,8 @@ def test_compiled_calls_are_handed_on_whole(torch: Any, form: str) -> None:
     call = functools.partial(HANDED_ON_FORMS[form], rope, n=torch)
     inner = [name for name in _guards(torch, call, q, k) if any(m in name for m in INNER_MODULES)]
     assert not inner, inner
-    ops = _graph_ops(torch, call, q, k)
+    with anyrope.use_fast_paths(False):  # the generic path: the Triton kernel forms no tables
+        ops = compiled_ops(call, q, k)
     assert sum("keep_tables" in op for op in ops) == (0 if form == "offset 0" else 1), ops
     torch._dynamo.reset()
     for got, want in zip(torch.compile(call, fullgraph=True)(q, k), call(q, k), strict=True):
@@ -395,7 +376,7 @@ def test_compiled_calls_form_their_tables_once(torch: Any, rope_name: str) -> No
         torch.tensor([[0, 1, 2, 3, 4], [9, 8, 7, 6, 5]]),
     )
     with anyrope.use_fast_paths(False):  # the generic path: on CUDA the Triton kernel forms no tables
-        ops = _graph_ops(torch, lambda q, k, p: rope(q, k, positions=p), q, k, positions)
+        ops = compiled_ops(lambda q, k, p: rope(q, k, positions=p), q, k, positions)
         assert sum("keep_tables" in op for op in ops) == 1, ops
         torch._dynamo.reset()
         compiled = torch.compile(lambda q, k, p: rope(q, k, positions=p), fullgraph=True)(q, k, positions)
@@ -417,9 +398,7 @@ def test_compiled_calls_at_an_int_offset_read_the_kept_tables(torch: Any) -> Non
 
     with anyrope.use_fast_paths(False):  # the generic path: on CUDA the Triton kernel forms no tables
         for offset, forms in ((0, False), (1000, False), (TRACED_ROWS - 6, False), (TRACED_ROWS - 5, True)):
-            assert formed(_graph_ops(torch, lambda q, k, n=offset: rope(q, k, offset=n), q, k)) == forms, (
-                offset
-            )
+            assert formed(compiled_ops(lambda q, k, n=offset: rope(q, k, offset=n), q, k)) == forms, offset
             torch._dynamo.reset()
             got = torch.compile(lambda q, k, n=offset: rope(q, k, offset=n), fullgraph=True)(q, k)
             for got_x, want in zip(got, rope(q, k, offset=offset), strict=True):
@@ -443,7 +422,7 @@ def test_compiled_cpu_calls_run_the_numba_kernel_as_an_operator(torch: Any) -> N
         pytest.skip("numba is not installed")
     rope = anyrope.RoPE(16, layout="interleaved", rotary_dim=12)
     q, k, offsets = torch.randn(2, 4, 6, 16), torch.randn(2, 1, 6, 16), torch.tensor([3, 900])
-    ops = _graph_ops(torch, lambda q, k, o: rope(q, k, offset=o), q, k, offsets)
+    ops = compiled_ops(lambda q, k, o: rope(q, k, offset=o), q, k, offsets)
     assert sum("numba_rotate" in op for op in ops) == 2, ops  # q and k
     assert sum("keep_tables" in op for op in ops) == 1, ops
     torch._dynamo.reset()
@@ -468,11 +447,11 @@ def test_compiled_decode_steps_keep_to_inductors_code(torch: Any, dynamic: bool)
         pytest.skip("numba is not installed")
     rope = anyrope.RoPE(16, layout="interleaved", rotary_dim=12)
     q, k, offsets = torch.randn(3, 4, 1, 16), torch.randn(3, 1, 1, 16), torch.tensor([3, 900, 7])
-    ops = _graph_ops(torch, lambda q, k, o: rope(q, k, offset=o), q, k, offsets, dynamic=dynamic)
+    ops = compiled_ops(lambda q, k, o: rope(q, k, offset=o), q, k, offsets, dynamic=dynamic)
     assert not [op for op in ops if "numba_rotate" in op], ops
     assert sum("keep_tables" in op for op in ops) == 1, ops  # tables still formed once per call
     longer = (torch.randn(3, 4, 5, 16), torch.randn(3, 1, 5, 16), offsets)
-    ops = _graph_ops(torch, lambda q, k, o: rope(q, k, offset=o), *longer, dynamic=dynamic)
+    ops = compiled_ops(lambda q, k, o: rope(q, k, offset=o), *longer, dynamic=dynamic)
     assert sum("numba_rotate" in op for op in ops) == 2, ops
     torch._dynamo.reset()
     compiled = torch.compile(lambda q, k, o: rope(q, k, offset=o), fullgraph=True, dynamic=dynamic)
@@ -509,11 +488,11 @@ def test_compiled_interleaved_pairs_turn_as_words(torch: Any, dtype: str, dynami
 
     triton = {k.name: k for k in anyrope.kernels()}["triton"]
     if not (triton.available and "cpu" in triton.devices):  # else Triton's interpreter comes first
-        assert as_words(_graph_ops(torch, calls, q, k, offsets, dynamic=dynamic))
+        assert as_words(compiled_ops(calls, q, k, offsets, dynamic=dynamic))
     with anyrope.use_fast_paths(False):
         want = calls(q, k, offsets)
     with anyrope.use_fast_paths("pair-words"):
-        assert as_words(_graph_ops(torch, calls, q, k, offsets, dynamic=dynamic))
+        assert as_words(compiled_ops(calls, q, k, offsets, dynamic=dynamic))
         torch._dynamo.reset()
         compiled = torch.compile(calls, fullgraph=True, dynamic=dynamic)
         for got, expected in zip(compiled(q, k, offsets), want, strict=True):

@@ -82,11 +82,12 @@ def device_steps(ctx: CallContext, rotary: Rotary, freqs: PairFrequencies, *, mu
     while one that exists is an input read in place. Other tracers build them in the graph."""
     xp, device = ctx.xp, ctx.device
     if ctx.traced and is_library(xp, "torch"):
-        from ._torch_ops import dynamo_traces  # imports torch: the array came from it
+        from ._torch_ops import as_traced, dynamo_traces  # imports torch: the array came from it
 
         which = rotary.spectrum.name_of(freqs)
         if which is not None and dynamo_traces():
-            return rotary.handle.fetch(_kept_steps, device, which, multi)
+            steps, streams = as_traced(*rotary.handle.fetch(_kept_steps, device, which, multi))
+            return steps, streams
     return _device_steps(xp, ctx.env, rotary, freqs, multi, ctx.traced)
 
 

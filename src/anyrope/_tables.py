@@ -134,10 +134,10 @@ class PositionTables:
         if which is None:
             return None
         from ._torch_ops import (
+            as_traced,
             dynamo_static_by_default,
             dynamo_traces,
             handed_on,
-            traced_constant,
         )  # imports torch: the array came from it
 
         if not dynamo_traces() or not dynamo_static_by_default():
@@ -145,12 +145,15 @@ class PositionTables:
         start = spec.start
         if start < 0 or start + seq > _traced_length(self.rotary):
             return None
-        if handed_on():  # offset 0 (see rope_call): the rows themselves, as constants of the graph
-            rows = [
-                self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, part, (start, start + seq))
-                for part in (0, 1)
-            ]
-            return None if rows[0] is None else (traced_constant(rows[0]), traced_constant(rows[1]))
+        if handed_on():  # offset 0 (see rope_call): the rows themselves, constants of AOTAutograd's graph
+            rows = (start, start + seq)
+            cos, sin = (
+                self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, p, rows) for p in (0, 1)
+            )
+            if cos is None:
+                return None
+            cos, sin = as_traced(cos, sin)
+            return cos, sin
         # cos and sin fetched apart: dynamo cannot index a tuple of fetched tensors (dynamic=True)
         cos = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 0)
         sin = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 1)

@@ -20,8 +20,8 @@ from torch.utils import _python_dispatch, _pytree
 from ._handle import Handle
 
 __all__ = [
-    "dynamo_static_by_default", "dynamo_traces", "hand_on", "handed_on", "hands_on", "keep_tables",
-    "real_tensors", "refuse", "refused", "traced_constant",
+    "as_traced", "dynamo_static_by_default", "dynamo_traces", "hand_on", "handed_on", "hands_on",
+    "keep_tables", "real_tensors", "refuse", "refused",
 ]  # fmt: skip
 
 # How many calls handed on by hand_on this thread is inside (AOTAutograd traces them as plain Python)
@@ -61,10 +61,16 @@ def hand_on(entry: Handle[Any], owner: Handle[Any], *args: Any) -> Any:
     return _handed_on(entry, owner, *args)
 
 
-def traced_constant(tensor: torch.Tensor) -> torch.Tensor:
-    """A kept tensor as a constant of the graph AOTAutograd traces from a handed-on call: lifted,
-    as ``torch.tensor`` lifts its data (a real tensor met there as it is fails inductor's checks)."""
-    return cast("torch.Tensor", torch.ops.aten.lift_fresh.default(tensor))
+def as_traced(*kept: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """Kept tensors that :meth:`Handle.fetch` returned, as the graph being traced takes them: as
+    they are while dynamo traces (it makes them inputs), lifted to constants of the graph while
+    AOTAutograd traces a handed-on call, as ``torch.tensor`` lifts its data (a real tensor met
+    there as it is fails inductor's checks, an operator's arguments above all)."""
+    if not handed_on():
+        return kept
+    return tuple(
+        None if x is None else cast("torch.Tensor", torch.ops.aten.lift_fresh.default(x)) for x in kept
+    )
 
 
 def refuse(error: Exception) -> bool:
