@@ -351,6 +351,23 @@ def test_compiled_calls_are_handed_on_whole(torch: Any, form: str) -> None:
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_strict_export_traces_calls_step_by_step(torch: Any) -> None:
+    """torch.export's strict mode runs dynamo too, but cannot export a call handed on whole: there
+    calls are traced step by step, and the exported program equals the eager call."""
+    rope = anyrope.RoPE(16)
+
+    class Rotate(torch.nn.Module):  # type: ignore[misc, name-defined]
+        def forward(self, q: Any, k: Any, p: Any) -> Any:
+            return rope(q, k, positions=p)
+
+    q, k, positions = torch.randn(2, 4, 5, 16), torch.randn(2, 1, 5, 16), torch.arange(5).expand(2, 5)
+    with anyrope.use_fast_paths(False):  # the exported program holds the generic code
+        want = rope(q, k, positions=positions)
+        got = torch.export.export(Rotate(), (q, k, positions), strict=True).module()(q, k, positions)
+    for got_x, want_x in zip(got, want, strict=True):
+        torch.testing.assert_close(got_x, want_x, rtol=0, atol=0)
+
+
 def test_compiled_calls_that_raise_say_why(torch: Any) -> None:
     """A call handed on whole that raises while dynamo runs it is traced again step by step, so
     dynamo reports anyrope's own error, not an unsupported output of nonstrict_trace."""
