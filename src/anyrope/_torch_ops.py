@@ -24,7 +24,8 @@ __all__ = [
     "keep_tables", "real_tensors", "refuse", "refused",
 ]  # fmt: skip
 
-# How many calls handed on by hand_on this thread is inside (AOTAutograd traces them as plain Python)
+# Per thread: how many handed-on calls AOTAutograd is tracing here (depth), and the error, if
+# any, that dynamo's fake run of the last one met (refused)
 _handed = threading.local()
 
 
