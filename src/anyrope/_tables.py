@@ -145,20 +145,17 @@ class PositionTables:
         start = spec.start
         if start < 0 or start + seq > _traced_length(self.rotary):
             return None
-        if handed_on():  # offset 0 (see rope_call): the rows themselves, constants of AOTAutograd's graph
-            rows = (start, start + seq)
-            cos, sin = (
-                self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, p, rows) for p in (0, 1)
-            )
-            if cos is None:
-                return None
-            cos, sin = as_traced(cos, sin)
-            return cos, sin
-        # cos and sin fetched apart: dynamo cannot index a tuple of fetched tensors (dynamic=True)
-        cos = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 0)
-        sin = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 1)
+        # A handed-on call (offset 0, see rope_call) takes the rows themselves: AOTAutograd's graph
+        # copies a constant on every call. cos and sin are fetched apart: dynamo cannot index a
+        # tuple of fetched tensors (dynamic=True)
+        rows = (start, start + seq) if handed_on() else None
+        cos = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 0, rows)
+        sin = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 1, rows)
         if cos is None:
             return None
+        if rows is not None:
+            cos, sin = as_traced(cos, sin)
+            return cos, sin
         return cos[start : start + seq, ...], sin[start : start + seq, ...]
 
     def _tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:

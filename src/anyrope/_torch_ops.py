@@ -41,13 +41,12 @@ def handed_on() -> bool:
 
 
 def hands_on() -> bool:
-    """Whether a call here should go through :func:`hand_on`: dynamo traces it for torch.compile
-    (not a call that was handed on already) and this torch can (``torch._dynamo.nonstrict_trace``,
-    torch 2.7). Not for torch.export's strict mode, which dynamo traces too: it cannot export the
-    opaque call. torch 2.11 says it exports under torch.compile as well, so its compiled calls are
-    traced step by step."""
-    compiling = torch.compiler.is_dynamo_compiling() and not torch.compiler.is_exporting()
-    return _handed_on is not None and bool(compiling)
+    """Whether a call that dynamo traces (asked first, by :func:`anyrope._compat.dynamo_hands_on`)
+    should go through :func:`hand_on`: this torch can (``torch._dynamo.nonstrict_trace``, torch
+    2.7) and dynamo traces for torch.compile, not for torch.export's strict mode, which cannot
+    export the opaque call. torch 2.11 says it exports under torch.compile as well, so its
+    compiled calls are traced step by step."""
+    return _handed_on is not None and not torch.compiler.is_exporting()
 
 
 def hand_on(entry: Handle[Any], owner: Handle[Any], *args: Any) -> Any:
