@@ -544,6 +544,28 @@ def test_exported_programs_keep_to_standard_operators(torch: Any) -> None:
     torch.testing.assert_close(exported.module()(q, positions), rope(q, positions=positions), rtol=0, atol=0)
 
 
+def test_exported_programs_form_their_tables_once(torch: Any) -> None:
+    """torch.export scatters the tables into a buffer of their own, a standard operator that
+    inductor (AOTInductor's too) writes to memory before the rotation reads it, so the angles are
+    not formed again for every head: one cos and one sin for q and k, one scatter. The program
+    equals the eager call bit for bit."""
+    rope = ROPES["plain"]
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [9, 8, 7, 6, 5]])
+
+    class Rotate(torch.nn.Module):
+        def forward(self, q: Any, k: Any, positions: Any) -> Any:
+            return rope(q, k, positions=positions)
+
+    with anyrope.use_fast_paths(False):  # the generic path: on CUDA the Triton kernel forms no tables
+        exported = torch.export.export(Rotate(), (q, k, positions))
+    targets = [str(node.target) for node in exported.graph.nodes if node.op == "call_function"]
+    assert [targets.count(name) for name in ("aten.cos.default", "aten.sin.default")] == [1, 1], targets
+    assert targets.count("aten.index_put.default") == 1, targets
+    for got, want in zip(exported.module()(q, k, positions), rope(q, k, positions=positions), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_eager_jax_calls_run_as_one_jitted_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """An eager JAX call runs as one jax.jit call, traced once for all decode steps (offsets, ints
     included, are traced), with the float64 oracle's results. Lists take the eager path. The RoPE

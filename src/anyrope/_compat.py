@@ -315,9 +315,11 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
     """A call's cos and sin tables, formed once however many arrays and heads read them.
 
     Under ``torch.compile`` they pass through an operator inductor cannot fuse into the rotation
-    (:mod:`anyrope._torch_ops`). Not while ``torch.export`` traces (by default without dynamo): an
-    exported program keeps to standard operators, which ONNX and other runtimes know. Under
-    ``jax.jit`` see :func:`_jax_keep`. Elsewhere they are returned as they are.
+    (:mod:`anyrope._torch_ops`). While ``torch.export`` traces (by default without dynamo), whose
+    programs keep to standard operators that ONNX and other runtimes know, they are scattered into
+    a buffer of their own, which AOTInductor keeps as well; not for ONNX, whose runtimes form each
+    node once anyway. Under ``jax.jit`` see :func:`_jax_keep`. Elsewhere they are returned as they
+    are.
     """
     if is_library(xp, "jax.numpy"):
         return _jax_keep(cos), _jax_keep(sin)
@@ -328,14 +330,18 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
     if not hasattr(torch.library, "register_fake"):  # torch < 2.4
         return cos, sin
     # defines its operator as it loads: eagerly, never traced
-    from ._torch_ops import dynamo_traces
+    from ._torch_ops import dynamo_traces, scatter_tables
     from ._torch_ops import keep_tables as keep
 
+    kept: tuple[Any, Any]
     if not dynamo_traces():  # asked of torch.compile itself, not is_exporting() (see tracer)
+        if torch.compiler.is_compiling() and not torch.onnx.is_in_onnx_export():
+            kept = scatter_tables(cos, sin)
+            return kept
         return cos, sin
     if cos.requires_grad or sin.requires_grad:  # the operator has no gradient (no table needs one)
         return cos, sin
-    kept: tuple[Any, Any] = keep(cos, sin)
+    kept = keep(cos, sin)
     return kept
 
 
