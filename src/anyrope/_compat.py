@@ -330,14 +330,15 @@ def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
     if not hasattr(torch.library, "register_fake"):  # torch < 2.4
         return cos, sin
     # defines its operator as it loads: eagerly, never traced
-    from ._torch_ops import dynamo_traces, scatter_tables
     from ._torch_ops import keep_tables as keep
+    from ._torch_ops import scatter_tables
 
     kept: tuple[Any, Any]
-    if not dynamo_traces():  # asked of torch.compile itself, not is_exporting() (see tracer)
-        if torch.compiler.is_compiling() and not torch.onnx.is_in_onnx_export():
-            kept = scatter_tables(cos, sin)
-            return kept
+    which = tracer(xp, traced=True)  # only traced calls ask
+    if which == "torch.export" and not torch.onnx.is_in_onnx_export():
+        kept = scatter_tables(cos, sin)
+        return kept
+    if which != "torch.compile":
         return cos, sin
     if cos.requires_grad or sin.requires_grad:  # the operator has no gradient (no table needs one)
         return cos, sin
