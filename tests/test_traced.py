@@ -353,19 +353,37 @@ def test_compiled_calls_are_handed_on_whole(torch: Any, form: str) -> None:
 
 def test_strict_export_traces_calls_step_by_step(torch: Any) -> None:
     """torch.export's strict mode runs dynamo too, but cannot export a call handed on whole: there
-    calls are traced step by step, and the exported program equals the eager call."""
-    rope = anyrope.RoPE(16)
+    calls are traced step by step, and the exported program equals the eager call. It records
+    what the default (non-strict) export records, fused kernels on: standard operators only, the
+    same constants (where torch tells strict export from torch.compile, 2.12 on)."""
+    from anyrope._torch_ops import strict_exports
+
+    rope = anyrope.RoPE(16, layout="interleaved", scaling=sc.YaRN(4.0, 4))
 
     class Rotate(torch.nn.Module):  # type: ignore[misc, name-defined]
         def forward(self, q: Any, k: Any, p: Any) -> Any:
             return rope(q, k, positions=p)
 
+    def program(strict: bool) -> tuple[list[str], dict[str, tuple[int, ...]]]:
+        exported = torch.export.export(Rotate(), (q, k, positions), strict=strict)
+        for got, want in zip(
+            exported.module()(q, k, positions), rope(q, k, positions=positions), strict=True
+        ):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        targets = [str(node.target) for node in exported.graph.nodes if node.op == "call_function"]
+        return targets, {name: tuple(c.shape) for name, c in exported.constants.items()}
+
     q, k, positions = torch.randn(2, 4, 5, 16), torch.randn(2, 1, 5, 16), torch.arange(5).expand(2, 5)
-    with anyrope.use_fast_paths(False):  # the exported program holds the generic code
-        want = rope(q, k, positions=positions)
-        got = torch.export.export(Rotate(), (q, k, positions), strict=True).module()(q, k, positions)
-    for got_x, want_x in zip(got, want, strict=True):
-        torch.testing.assert_close(got_x, want_x, rtol=0, atol=0)
+    with anyrope.use_fast_paths(False):
+        program(strict=True)
+    if torch.__version__ < "2.12":
+        pytest.skip(
+            "torch < 2.12 answers is_exporting() True under torch.compile: strict exports take its choices"
+        )
+    assert not strict_exports()  # asked eagerly
+    strict = program(strict=True)
+    assert strict == program(strict=False)
+    assert not [target for target in strict[0] if "anyrope" in target], strict[0]
 
 
 def test_compiled_calls_that_raise_say_why(torch: Any) -> None:

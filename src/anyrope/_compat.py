@@ -293,10 +293,10 @@ TRACERS = ("torch.compile", "torch.export", "other")
 
 def tracer(xp: Any, traced: bool) -> str:
     """What traces a call (``traced``: :func:`is_traced` said so): "torch.compile" while dynamo
-    traces it, "torch.export" while torch.export does (compiling, but not by dynamo), "other" for
-    every other tracer (``jax.jit``, ``torch.jit.trace``, ``torch.func``, fake tensors), and ""
-    for an eager call. torch 2.11's ``is_exporting()`` also answers True under ``torch.compile``,
-    so it is not asked."""
+    traces it for torch.compile, "torch.export" while torch.export does (by default without
+    dynamo; its strict mode with it, told apart from torch 2.12 on), "other" for every other
+    tracer (``jax.jit``, ``torch.jit.trace``, ``torch.func``, fake tensors), and "" for an eager
+    call."""
     if not traced:
         return ""
     if not is_library(xp, "torch"):

@@ -21,7 +21,7 @@ from ._handle import Handle
 
 __all__ = [
     "as_traced", "dynamo_static_by_default", "dynamo_traces", "hand_on", "handed_on", "hands_on",
-    "keep_tables", "real_tensors", "refuse", "refused", "scatter_tables",
+    "keep_tables", "real_tensors", "refuse", "refused", "scatter_tables", "strict_exports",
 ]  # fmt: skip
 
 # Per thread: how many handed-on calls AOTAutograd is tracing here (depth), and the error, if
@@ -30,9 +30,22 @@ _handed = threading.local()
 
 
 def dynamo_traces() -> bool:
-    """Whether torch.compile traces this code: dynamo itself, or AOTAutograd inside a call that
-    :func:`hand_on` handed on (the same choices hold there: the same compiler gets the graph)."""
-    return bool(torch.compiler.is_dynamo_compiling()) or handed_on()
+    """Whether torch.compile traces this code: dynamo itself (not for torch.export's strict mode,
+    see :func:`strict_exports`), or AOTAutograd inside a call that :func:`hand_on` handed on (the
+    same choices hold there: the same compiler gets the graph)."""
+    return (bool(torch.compiler.is_dynamo_compiling()) and not strict_exports()) or handed_on()
+
+
+# Under dynamo, torch 2.11 and older answer is_exporting() True for torch.compile as well
+# (pytorch/pytorch#176347, fixed for 2.12)
+_EXPORTING_TOLD = torch.__version__ >= "2.12"
+
+
+def strict_exports() -> bool:
+    """Whether dynamo traces this code for ``torch.export(strict=True)``: its programs then take
+    what a default (non-strict) export records, standard operators only. Where torch cannot tell
+    it from torch.compile (2.11 and older), False: strict exports take torch.compile's choices."""
+    return _EXPORTING_TOLD and bool(torch.compiler.is_dynamo_compiling()) and torch.compiler.is_exporting()
 
 
 def handed_on() -> bool:
