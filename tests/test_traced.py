@@ -356,7 +356,7 @@ def test_strict_export_traces_calls_step_by_step(torch: Any) -> None:
     calls are traced step by step, and the exported program equals the eager call. It records
     what the default (non-strict) export records, fused kernels on: standard operators only, the
     same constants (where torch tells strict export from torch.compile, 2.12 on)."""
-    from anyrope._torch_ops import strict_exports
+    from anyrope import _torch_ops
 
     rope = anyrope.RoPE(16, layout="interleaved", scaling=sc.YaRN(4.0, 4))
 
@@ -376,11 +376,11 @@ def test_strict_export_traces_calls_step_by_step(torch: Any) -> None:
     q, k, positions = torch.randn(2, 4, 5, 16), torch.randn(2, 1, 5, 16), torch.arange(5).expand(2, 5)
     with anyrope.use_fast_paths(False):
         program(strict=True)
-    if torch.__version__ < "2.12":
+    if not _torch_ops._EXPORTING_TOLD:
         pytest.skip(
             "torch < 2.12 answers is_exporting() True under torch.compile: strict exports take its choices"
         )
-    assert not strict_exports()  # asked eagerly
+    assert not _torch_ops.strict_exports()  # asked eagerly
     strict = program(strict=True)
     assert strict == program(strict=False)
     assert not [target for target in strict[0] if "anyrope" in target], strict[0]

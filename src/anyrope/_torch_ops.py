@@ -57,9 +57,9 @@ def hands_on() -> bool:
     """Whether a call that dynamo traces (asked first, by :func:`anyrope._compat.dynamo_hands_on`)
     should go through :func:`hand_on`: this torch can (``torch._dynamo.nonstrict_trace``, torch
     2.7) and dynamo traces for torch.compile, not for torch.export's strict mode, which cannot
-    export the opaque call. torch 2.11 says it exports under torch.compile as well, so its
+    export the opaque call. Where torch cannot tell the two apart (:data:`_EXPORTING_TOLD`),
     compiled calls are traced step by step."""
-    return _handed_on is not None and not torch.compiler.is_exporting()
+    return _handed_on is not None and _EXPORTING_TOLD and not strict_exports()
 
 
 def hand_on(entry: Handle[Any], owner: Handle[Any], *args: Any) -> Any:
