@@ -395,6 +395,41 @@ def test_a_forced_kernel_refuses_before_any_work(backend: Backend) -> None:
     np.testing.assert_array_equal(backend.to_numpy(q), before)
 
 
+@pytest.mark.backends("numpy", "torch")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_numba_keeps_one_table_of_cos_and_sin_side_by_side(backend: Backend, dtype: str) -> None:
+    """The numba kernel reads each token's row of one cached table, each pair's cos and sin side
+    by side (one stream in x's pair order): one entry the size of cos and sin together, with no
+    separate cos and sin tables kept beside it; decoding on past the table grows it."""
+    _needs_numba()
+    if dtype not in backend.dtypes:
+        pytest.skip(f"{backend.id} has no {dtype}")
+    rope = anyrope.RoPE(16, rotary_dim=12, base=4711.0)
+    data = np.random.default_rng(8).standard_normal((2, 3, 40, 16))
+    anyrope.table_cache.clear()
+    try:
+        with anyrope.use_fast_paths("numba"):
+            fast = rope(backend.asarray(data, dtype), offset=7)
+            info = anyrope.table_cache.info()
+            assert info["tables"] == 1
+            # 47 positions -> 256 rows (the cache's least length) of 6 pairs' cos and sin, float32
+            assert info["nbytes"] - info["constant_nbytes"] == 256 * 12 * 4
+            step = rope(backend.asarray(data[:, :, :1], dtype), offset=300)
+            assert anyrope.table_cache.info()["tables"] == 1
+            assert anyrope.table_cache.info()["nbytes"] - info["constant_nbytes"] == 512 * 12 * 4
+        (kept,) = [entry.tables for entry in anyrope.table_cache._entries.values() if entry.length]
+        cos, sin = rope.cos_sin(backend.asarray(np.arange(512)), like=backend.asarray(np.zeros(1), "float32"))
+        side_by_side = np.stack([backend.to_numpy(cos), backend.to_numpy(sin)], axis=-1).reshape(512, 12)
+        np.testing.assert_array_equal(backend.to_numpy(kept[0]), side_by_side)
+        with _generic():
+            generic = rope(backend.asarray(data, dtype), offset=7)
+            generic_step = rope(backend.asarray(data[:, :, :1], dtype), offset=300)
+    finally:
+        anyrope.table_cache.clear()
+    assert_close(backend, fast, backend.to_numpy(generic), dtype)
+    assert_close(backend, step, backend.to_numpy(generic_step), dtype)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_numba_turns_q_and_k_in_one_launch(
     backend: Backend, dtype: str, monkeypatch: pytest.MonkeyPatch

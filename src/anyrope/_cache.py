@@ -23,7 +23,7 @@ __all__ = ["TableCache", "table_cache"]
 
 @dataclass
 class _Entry:
-    tables: tuple[Any, Any]
+    tables: tuple[Any, ...]
     length: int
     nbytes: int
 
@@ -75,7 +75,7 @@ class TableCache:
             _, old = self._entries.popitem(last=False)
             self._nbytes -= old.nbytes
 
-    def _store(self, key: Hashable, tables: tuple[Any, Any], length: int, nbytes: int) -> tuple[Any, Any]:
+    def _store(self, key: Hashable, tables: tuple[Any, ...], length: int, nbytes: int) -> tuple[Any, ...]:
         with self._lock:
             current = self._entries.pop(key, None)
             if current is not None:
@@ -91,11 +91,11 @@ class TableCache:
         self,
         key: Hashable,
         length: int,
-        build: Callable[[int], tuple[Any, Any]],
+        build: Callable[[int], tuple[Any, ...]],
         *,
         row_bytes: int,
         hint: int = 0,
-    ) -> tuple[Any, Any] | None:
+    ) -> tuple[Any, ...] | None:
         """Tables covering positions ``0 .. length - 1`` (possibly longer), built by ``build(n)``.
 
         None when even ``length`` rows would exceed half the bound: the caller builds what it needs.
@@ -115,7 +115,7 @@ class TableCache:
                 return None
         return self._store(key, build(size), size, size * row_bytes)
 
-    def covering(self, key: Hashable, length: int) -> tuple[Any, Any] | None:
+    def covering(self, key: Hashable, length: int) -> tuple[Any, ...] | None:
         """The prefix tables under ``key`` if they cover ``length`` positions (marked as just used), else None."""
         with self._lock:
             entry = self._entries.get(key)

@@ -66,9 +66,9 @@ class TableSource(Protocol):
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
         """Compact (cos, sin), shape (seq, pairs) or (rows, seq, pairs), in ``dtype``."""
 
-    def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any, Any] | None:
-        """(cos table, sin table, (rows, seq) host indices into them), or None: cached rows a CPU
-        kernel can read by position, with no gathered copy."""
+    def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any] | None:
+        """(a table of cos and sin side by side, (rows, seq) host indices into it), or None:
+        cached rows a CPU kernel can read by position, with no gathered copy."""
 
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__, a tenth of a small
@@ -92,7 +92,7 @@ class Job:
     def tables(self) -> tuple[Any, Any]:
         return self.source.tables(self.x.shape[self.seq_axis], self.compute)  # type: ignore[no-any-return]
 
-    def lookup(self) -> tuple[Any, Any, Any] | None:
+    def lookup(self) -> tuple[Any, Any] | None:
         return self.source.lookup(self.x.shape[self.seq_axis], self.compute)  # type: ignore[no-any-return]
 
 

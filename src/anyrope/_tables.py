@@ -25,7 +25,7 @@ from ._rotary import Rotary
 from ._xpos import xpos_scale
 from .scaling import exponents
 
-__all__ = ["GivenTables", "PositionTables", "XPosTables", "prefix_tables", "scaled"]
+__all__ = ["GivenTables", "PositionTables", "XPosTables", "prefix_tables", "scaled", "side_by_side"]
 
 _KINDS = {Offset: "offset", ArrayOffset: "row-offsets", Positions: "positions", MultiAxis: "multi-axis"}
 
@@ -34,24 +34,42 @@ def scaled(tables: tuple[Any, Any], scale: float) -> tuple[Any, Any]:
     return tables if scale == 1.0 else (tables[0] * scale, tables[1] * scale)
 
 
+def side_by_side(xp: Any, cos: Any, sin: Any) -> Any:
+    """(..., pairs) cos and sin tables as one (..., 2 * pairs) table, each pair's cos and sin
+    side by side, [c0, s0, c1, s1, ...]: the form the CPU kernels read as one stream."""
+    table = xp.stack((cos, sin), axis=-1)
+    return xp.reshape(table, (*table.shape[:-2], 2 * table.shape[-2]))
+
+
 def prefix_tables(
-    rotary: Rotary, xp: Any, env: Environment, freqs: PairFrequencies, length: int, dtype: Any
-) -> tuple[Any, Any] | None:
-    """Cached tables for positions 0 .. length - 1 or more, or None where none are kept."""
+    rotary: Rotary,
+    xp: Any,
+    env: Environment,
+    freqs: PairFrequencies,
+    length: int,
+    dtype: Any,
+    *,
+    together: bool = False,
+) -> tuple[Any, ...] | None:
+    """Cached (cos, sin) tables for positions 0 .. length - 1 or more, or None where none are
+    kept; ``together``: the one table of :func:`side_by_side` instead, as a 1-tuple (a cache
+    entry of its own, which only the CPU kernels ask for)."""
     if not rotary.spectrum.cacheable(freqs):
         return None  # DynamicNTK past the original length: new frequencies at every length
-    key = (freqs, env, dtype)  # env: one object per library and device
+    key = (freqs, env, dtype, together)  # env: one object per library and device
     found = table_cache.covering(key, length)
     if found is not None:
         return found
 
-    def build(n: int) -> tuple[Any, Any]:
+    def build(n: int) -> tuple[Any, ...]:
         with untracked(xp):
             positions = Offset(0).positions(xp, env, n)
             tables = cos_sin(xp, env, positions, freqs.inv_freq, dtype=dtype)
-            cos, sin = scaled(tables, freqs.scale)
-        materialize(xp, cos, sin)  # the cache shares them across threads
-        return cos, sin
+            made: tuple[Any, ...] = scaled(tables, freqs.scale)
+            if together:
+                made = (side_by_side(xp, *made),)
+        materialize(xp, *made)  # the cache shares them across threads
+        return made
 
     row_bytes = rotary.rotary_dim * (8 if dtype == getattr(xp, "float64", None) else 4)
     return table_cache.prefix(key, length, build, row_bytes=row_bytes, hint=rotary.max_position or 0)
@@ -105,7 +123,7 @@ class PositionTables:
         # (seq, dtype, tables), searched with ==, not hashed: hashing a traced length (a torch
         # SymInt) would fix it to one value, and dynamic shapes would recompile for every other
         self._made: list[tuple[Any, Any, tuple[Any, Any]]] = []
-        self._lookups: dict[tuple[int, Any], tuple[Any, Any, Any] | None] = {}
+        self._lookups: dict[tuple[int, Any], tuple[Any, Any] | None] = {}
         self._fused: KernelAngles | None = None
 
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
@@ -225,15 +243,19 @@ class PositionTables:
         assert sections is not None  # position_spec makes MultiAxis only for M-RoPE and axial RoPE
         return sections.tables(ctx.xp, positions, lambda p, s: tables(p, pick(sections.frequency_indices[s])))
 
-    def _cached(self, freqs: PairFrequencies, seq: int, dtype: Any) -> tuple[Any, Any] | None:
-        """The cached prefix table covering this call's positions, where they are known on the
-        host, not negative, and rows of the plain spectrum serve them."""
+    def _cached(
+        self, freqs: PairFrequencies, seq: int, dtype: Any, *, together: bool = False
+    ) -> tuple[Any, ...] | None:
+        """The cached prefix tables covering this call's positions, where they are known on the
+        host, not negative, and rows of the plain spectrum serve them (``together``: see
+        :func:`prefix_tables`)."""
         if self.ctx.traced or not self.plain or self.ctx.env.lazy:
             return None
         host = self.host if seq == self.seq else self.spec.host_range(seq)
         if host is None or host[0] < 0:
             return None
-        return prefix_tables(self.rotary, self.ctx.xp, self.ctx.env, freqs, host[1] + 1, dtype)
+        ctx = self.ctx
+        return prefix_tables(self.rotary, ctx.xp, ctx.env, freqs, host[1] + 1, dtype, together=together)
 
     def _static(self, freqs: PairFrequencies, seq: int, dtype: Any) -> tuple[Any, Any]:
         ctx, xp, spec = self.ctx, self.ctx.xp, self.spec
@@ -258,9 +280,10 @@ class PositionTables:
         )
         return scaled(tables, freqs.scale)
 
-    def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any, Any] | None:
-        """The cached prefix table and host rows into it, where the positions are host-known and
-        inside it: the CPU kernels then read each token's row directly, with no gathered copy."""
+    def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any] | None:
+        """The cached prefix table of :func:`side_by_side` and host rows into it, where the
+        positions are host-known and inside it: the CPU kernels then read each token's row
+        directly, with no gathered copy."""
         if self.device_frequencies or not self.plain or self.ctx.traced:
             return None
         key = (seq, dtype)  # q and k of one length share it
@@ -270,8 +293,8 @@ class PositionTables:
         rows = self.spec.host(seq)
         if rows is not None:
             assert isinstance(self.freqs, PairFrequencies)
-            cached = self._cached(self.freqs, seq, dtype)
-            found = None if cached is None else (cached[0], cached[1], rows)
+            cached = self._cached(self.freqs, seq, dtype, together=True)
+            found = None if cached is None else (cached[0], rows)
         self._lookups[key] = found
         return found
 

@@ -42,9 +42,9 @@ def _probe(compiled: dict[str, Callable[..., None]]) -> bool:
     import numpy as np
 
     tiny = np.zeros((1, 1, 1, 1, 2), dtype=np.float32)
-    table = np.zeros((1, 1), dtype=np.float32)
+    table = np.zeros((1, 2), dtype=np.float32)
     compiled["half"](
-        tiny, tiny, False, tiny, tiny, False, table, table, np.zeros((1, 1), dtype=np.int64), np.float32(1.0)
+        tiny, tiny, False, tiny, tiny, False, table, np.zeros((1, 1), dtype=np.int64), np.float32(1.0)
     )
     layer: Any = getattr(numba, "threading_layer")  # noqa: B009 - not in numba's typed exports
     return bool(layer() == "workqueue")
@@ -54,12 +54,12 @@ def kernel(name: str, storage: str = "float") -> Callable[..., None]:
     """The compiled kernel ``name`` for x stored as ``storage``, numba-compiled (or loaded from
     its cache) on first use.
 
-    ``kernel(layout)(x, out, copy_tail, y, out_y, copy_tail_y, cos, sin, positions, sign)``
-    rotates x and y (y may have no rows) at (length, pairs) tables and (1 or batch, seq)
-    positions, and looks the rows up itself (see :func:`._jit.rotations`). ``storage`` is
-    "float" (x, out and tables of one dtype) or "float16" / "bfloat16" (x and out as int16
-    bits, float32 tables); "float16-bits" is float16 without the CPU's conversion
-    instructions, for tests.
+    ``kernel(layout)(x, out, copy_tail, y, out_y, copy_tail_y, table, positions, sign)``
+    rotates x and y (y may have no rows) at a (length, 2 * pairs) table of cos and sin side by
+    side and (1 or batch, seq) positions, and looks the rows up itself (see
+    :func:`._jit.rotations`). ``storage`` is "float" (x, out and table of one dtype) or
+    "float16" / "bfloat16" (x and out as int16 bits, a float32 table); "float16-bits" is
+    float16 without the CPU's conversion instructions, for tests.
     """
     global _serial
     if not _compiled:

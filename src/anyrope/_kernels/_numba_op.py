@@ -4,15 +4,16 @@ Inductor cannot call numba, and left to compile the generic code itself it write
 interleaved rotation of 16-bit floats as a scalar loop: 2x a compiled copy of q and k on a CPU,
 where the numba pass takes half a copy. As an operator with a fake implementation the pass is
 one node of the graph, which inductor calls between its own kernels; its gradient is the
-inverse rotation through the same operator. Its tables are the call's own, as the graph forms
-or reads them, with rows 0, 1, 2, ... (no position is read on the host).
+inverse rotation through the same operator. Its table is the call's own cos and sin side by
+side (:func:`anyrope._tables.side_by_side`), as the graph forms or reads them, with rows 0, 1,
+2, ... (no position is read on the host).
 """
 
 from typing import Any
 
 import torch
 
-from ._numba_run import rows_of, run_kernel
+from ._numba_run import rows_of_table, run_kernel
 
 __all__ = ["rotate"]
 
@@ -20,16 +21,15 @@ __all__ = ["rotate"]
 @torch.library.custom_op("anyrope::numba_rotate", mutates_args=(), device_types="cpu")
 def rotate(
     x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    table: torch.Tensor,
     kind: str,
     layout: str,
     inverse: bool,
     seq_axis: int,
 ) -> torch.Tensor:
-    """x rotated by (seq, pairs) or (rows, seq, pairs) tables into a new C-contiguous tensor."""
-    flat_cos, flat_sin, rows = rows_of(torch, cos, sin)
-    return run_kernel(x.contiguous(), flat_cos, flat_sin, rows, None, kind, layout, inverse, seq_axis)
+    """x rotated by a (seq, 2 * pairs) or (rows, seq, 2 * pairs) table into a new C-contiguous tensor."""
+    flat, rows = rows_of_table(table)
+    return run_kernel(x.contiguous(), flat, rows, None, kind, layout, inverse, seq_axis)
 
 
 @rotate.register_fake
@@ -38,16 +38,16 @@ def _rotate_fake(x: torch.Tensor, *call: object) -> torch.Tensor:  # noqa: ARG00
 
 
 def _setup(ctx: Any, inputs: tuple[object, ...], output: object) -> None:  # noqa: ARG001
-    _, cos, sin, *call = inputs
-    ctx.save_for_backward(cos, sin)
+    _, table, *call = inputs
+    ctx.save_for_backward(table)
     ctx.call = call
 
 
 def _backward(ctx: Any, grad: torch.Tensor) -> tuple[object, ...]:
     # Linear in x: the vector-Jacobian product is the inverse rotation of grad.
-    cos, sin = ctx.saved_tensors
+    (table,) = ctx.saved_tensors
     kind, layout, inverse, seq_axis = ctx.call
-    return rotate(grad, cos, sin, kind, layout, not inverse, seq_axis), None, None, None, None, None, None
+    return rotate(grad, table, kind, layout, not inverse, seq_axis), None, None, None, None, None
 
 
 rotate.register_autograd(_backward, setup_context=_setup)

@@ -10,9 +10,10 @@ import math
 from typing import Any, TypeAlias
 
 from .._pairs import five_axes
+from .._tables import side_by_side
 from . import _numba
 
-__all__ = ["STORAGE", "host_view", "rows_of", "run_kernel", "run_kernels"]
+__all__ = ["STORAGE", "host_view", "rows_of", "rows_of_table", "run_kernel", "run_kernels"]
 
 
 # How the kernel takes x of a declared dtype: 16-bit types as int16 bits, the others ("float") as is.
@@ -34,28 +35,33 @@ def host_view(x: Any) -> Any:
     return x.view(torch.int16).numpy() if x.dtype in (torch.float16, torch.bfloat16) else x.numpy()
 
 
-def rows_of(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
-    """Compact (seq, h) or (tb, seq, h) tables as (tb * seq, h) rows, and the (tb, seq) rows' indices."""
+def rows_of(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
+    """Compact (seq, pairs) or (tb, seq, pairs) tables as one (tb * seq, 2 * pairs) table of
+    :func:`side_by_side` rows, and the (tb, seq) rows' indices."""
+    return rows_of_table(side_by_side(xp, cos, sin))
+
+
+def rows_of_table(table: Any) -> tuple[Any, Any]:
+    """A (seq, 2 * pairs) or (tb, seq, 2 * pairs) table of :func:`side_by_side` as (tb * seq,
+    2 * pairs) rows, and the (tb, seq) rows' indices."""
     import numpy as np
 
-    if cos.ndim == 2:
-        cos, sin = cos[None], sin[None]
-    tb, seq, pairs = cos.shape
+    tb, seq = (1, table.shape[0]) if table.ndim == 2 else table.shape[:2]
     rows = np.arange(tb * seq, dtype=np.int64).reshape(tb, seq)
-    return xp.reshape(cos, (tb * seq, pairs)), xp.reshape(sin, (tb * seq, pairs)), rows
+    return table.reshape(tb * seq, table.shape[-1]), rows
 
 
 def run_kernel(
-    x: Any, cos: Any, sin: Any, rows: Any, out: Any, kind: str, layout: str, inverse: bool, seq_axis: int
+    x: Any, table: Any, rows: Any, out: Any, kind: str, layout: str, inverse: bool, seq_axis: int
 ) -> Any:
-    """x rotated into ``out`` (None: a new array) at the table rows ``rows`` names."""
-    return run_kernels(((x, out, seq_axis),), cos, sin, rows, kind, layout, inverse)[0]
+    """x rotated into ``out`` (None: a new array) at the rows ``rows`` names of a table of
+    :func:`side_by_side`."""
+    return run_kernels(((x, out, seq_axis),), table, rows, kind, layout, inverse)[0]
 
 
 def run_kernels(
     arrays: tuple[tuple[Any, Any, int], ...],
-    cos: Any,
-    sin: Any,
+    table: Any,
     rows: Any,
     kind: str,
     layout: str,
@@ -66,11 +72,11 @@ def run_kernels(
     import numpy as np
 
     numpy = _is_numpy(arrays[0][0])  # else CPU torch tensors, and so are the tables
-    table_cos, table_sin = _table_view(cos), _table_view(sin)
+    host_table = _table_view(table)
     hosts = [host_view(x) for x, _, _ in arrays]
     key = (
         tuple((x.shape, seq_axis) for x, _, seq_axis in arrays),
-        rows.shape[0] > 1, table_sin.dtype, hosts[0].dtype, kind, layout, inverse,
+        rows.shape[0] > 1, host_table.dtype, hosts[0].dtype, kind, layout, inverse,
     )  # fmt: skip
     launch = _launches.get(key)
     if launch is None:
@@ -94,7 +100,7 @@ def run_kernels(
         outs.append(out)
     if len(arrays) == 1:
         operands += (nothing, nothing, False)
-    kernel(*operands, table_cos, table_sin, rows, sign)
+    kernel(*operands, host_table, rows, sign)
     return outs
 
 

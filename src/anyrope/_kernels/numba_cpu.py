@@ -1,8 +1,9 @@
 """The numba kernel for NumPy arrays and CPU torch tensors: one parallel pass over x.
 
-It reads each token's cos/sin row by position from a table: the cached prefix table where the
-positions are host-known and inside it (no gathered copy, which is most of a decode step's
-cost), else the call's own tables with rows 0, 1, 2, .... torch tensors reach it through
+It reads each token's row by position from one table of cos and sin side by side
+(:func:`anyrope._tables.side_by_side`): the cached prefix table where the positions are
+host-known and inside it (no gathered copy, which is most of a decode step's cost), else the
+call's own tables put side by side, with rows 0, 1, 2, .... torch tensors reach it through
 zero-copy NumPy views (:mod:`._numba_run`), inside an ``autograd.Function`` whose backward is
 the inverse rotation through the same kernel; while ``torch.compile`` traces them, through a
 torch operator (:mod:`._numba_op`).
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._job import Job, turn_alike
+from .._tables import side_by_side
 from ._numba_run import STORAGE, rows_of, run_kernel, run_kernels
 
 __all__ = ["run", "run_pair"]
@@ -24,16 +26,17 @@ def run(job: Job) -> Any:
     if job.key.tracer:  # torch.compile's, the one tracer it takes: its op, on the call's tables
         from . import _numba_op  # imports torch, which x came from
 
-        rotated = _numba_op.rotate(x, *job.tables(), kind, job.layout, job.inverse, job.seq_axis)
+        table = side_by_side(job.ctx.xp, *job.tables())  # in the graph: inductor writes it once
+        rotated = _numba_op.rotate(x, table, kind, job.layout, job.inverse, job.seq_axis)
         if job.out is None:
             return rotated
         job.out[...] = rotated
         return job.out
-    cos, sin, rows = _rows(job)
-    out = job.out  # C-contiguous where given (declared), and tables in the compute dtype
+    table, rows = _rows(job)
+    out = job.out  # C-contiguous where given (declared), and the table in the compute dtype
     if job.ctx.grad:
-        return _autograd().apply(x, cos, sin, rows, kind, job.layout, job.inverse, job.seq_axis)
-    return run_kernel(x, cos, sin, rows, out, kind, job.layout, job.inverse, job.seq_axis)
+        return _autograd().apply(x, table, rows, kind, job.layout, job.inverse, job.seq_axis)
+    return run_kernel(x, table, rows, out, kind, job.layout, job.inverse, job.seq_axis)
 
 
 def run_pair(q: Job, k: Job) -> tuple[Any, Any]:
@@ -48,16 +51,16 @@ def run_pair(q: Job, k: Job) -> tuple[Any, Any]:
     )
     if not together:
         return run(q), run(k)
-    cos, sin, rows = _rows(q)
+    table, rows = _rows(q)
     arrays = ((x, q.out, q.seq_axis), (y, k.out, k.seq_axis))
     kind = STORAGE.get(q.key.dtype, "float")
-    rotated_q, rotated_k = run_kernels(arrays, cos, sin, rows, kind, q.layout, q.inverse)
+    rotated_q, rotated_k = run_kernels(arrays, table, rows, kind, q.layout, q.inverse)
     return rotated_q, rotated_k
 
 
-def _rows(job: Job) -> tuple[Any, Any, Any]:
-    """The tables and each (batch row, token)'s row in them: the cached prefix table where the
-    positions are host-known and inside it, else the call's own tables."""
+def _rows(job: Job) -> tuple[Any, Any]:
+    """The table and each (batch row, token)'s row in it: the cached prefix table where the
+    positions are host-known and inside it, else the call's own tables side by side."""
     found = job.source.lookup(job.x.shape[job.seq_axis], job.compute)
     return found if found is not None else rows_of(job.ctx.xp, *job.tables())
 
@@ -75,15 +78,14 @@ def _autograd() -> Any:
             def forward(
                 ctx: Any,
                 x: Any,
-                cos: Any,
-                sin: Any,
+                table: Any,
                 rows: Any,
                 kind: str,
                 layout: str,
                 inverse: bool,
                 seq_axis: int,
             ) -> Any:
-                ctx.save_for_backward(cos, sin)
+                ctx.save_for_backward(table)
                 ctx.rows, ctx.kind, ctx.layout, ctx.inverse, ctx.seq_axis = (
                     rows,
                     kind,
@@ -91,17 +93,17 @@ def _autograd() -> Any:
                     inverse,
                     seq_axis,
                 )
-                return run_kernel(x.contiguous(), cos, sin, rows, None, kind, layout, inverse, seq_axis)
+                return run_kernel(x.contiguous(), table, rows, None, kind, layout, inverse, seq_axis)
 
             @staticmethod
             def backward(ctx: Any, grad: Any) -> Any:
-                cos, sin = ctx.saved_tensors
+                (table,) = ctx.saved_tensors
                 # Linear in x: the vector-Jacobian product is the inverse rotation of grad.
                 again: Any = Rotate.apply  # untyped in torch's stubs
                 back = again(
-                    grad.contiguous(), cos, sin, ctx.rows, ctx.kind, ctx.layout, not ctx.inverse, ctx.seq_axis
+                    grad.contiguous(), table, ctx.rows, ctx.kind, ctx.layout, not ctx.inverse, ctx.seq_axis
                 )
-                return back, None, None, None, None, None, None, None
+                return back, None, None, None, None, None, None
 
         _Function = Rotate
     return _Function
