@@ -80,9 +80,10 @@ REGISTRY: tuple[Kernel, ...] = (
     Kernel(
         name="numba",
         summary="one parallel numba pass that reads each token's table row (each pair's cos and sin "
-        "side by side) by position, q and k of a call in one launch (16-bit floats widened in registers); torch gradients through an "
-        "autograd.Function, and under torch.compile, for calls of more than one token, a torch op of its own that "
-        "inductor calls between its kernels, its gradient the inverse rotation through the same op",
+        "side by side) by position, q and k of a call in one launch (16-bit floats widened in "
+        "registers); torch gradients through an autograd.Function, and under torch.compile, for "
+        "calls of more than one token, a torch op of its own that inductor calls between its "
+        "kernels, its gradient the inverse rotation through the same op",
         libraries=frozenset({"numpy", "torch"}),
         devices=frozenset({"cpu"}),
         layouts=BOTH,

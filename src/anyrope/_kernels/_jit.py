@@ -181,10 +181,11 @@ def rotations(storage: int) -> dict[str, Callable[..., None]]:
     """The two layouts' kernels for one storage code (compiled, or loaded from numba's cache, on
     first call): ``kernel(x, out, copy_tail, y, out_y, copy_tail_y, table, positions, sign)``
     rotates x and y (q and k: one launch; y may have no rows) at the same (length, 2 * pairs)
-    table (see :func:`anyrope._tables.side_by_side`) and (1 or batch, seq) positions; ``copy_tail``: whether out is not x, so that the features
-    past the pairs are copied; ``sign`` -1.0 turns the other way (sin negated, exactly). Each is
-    compiled parallel only: run on one thread (:func:`._numba.on_one_thread`), it is 2 to 3 times
-    faster than numba's serial compilation of the same loop, which LLVM vectorised worse."""
+    table (see :func:`anyrope._tables.side_by_side`) and (1 or batch, seq) positions;
+    ``copy_tail``: whether out is not x, so that the features past the pairs are copied;
+    ``sign`` -1.0 turns the other way (sin negated, exactly). Each is compiled parallel only:
+    run on one thread (:func:`._numba.on_one_thread`), it is 2 to 3 times faster than numba's
+    serial compilation of the same loop, which LLVM vectorised worse."""
     return {
         name: numba.njit(parallel=True, cache=True, nogil=True)(_rotate(storage, layout, name))
         for name, layout in (("half", HALF), ("interleaved", INTERLEAVED))
