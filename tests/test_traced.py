@@ -473,6 +473,31 @@ def test_compiled_cpu_calls_run_the_numba_kernel_as_an_operator(torch: Any) -> N
     torch.testing.assert_close(grad, rope(upstream, offset=offsets, inverse=True), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_compiled_numba_calls_at_an_int_offset_read_the_kept_side_by_side_rows(
+    torch: Any, layout: str
+) -> None:
+    """At an int offset, the numba operator reads rows of the kept table of cos and sin side by
+    side, fetched while dynamo traces: the graph forms no angles and stacks no tables, for q and
+    k alike, whether dynamo hands the call on (offset 0) or not. Past the kept rows it puts the
+    call's own tables side by side. Every form equals the eager call bit for bit."""
+    if not {k.name: k for k in anyrope.kernels()}["numba"].available:
+        pytest.skip("numba is not installed")
+    from anyrope._tables import TRACED_ROWS
+
+    rope = anyrope.RoPE(16, layout=layout)
+    q, k = torch.randn(2, 4, 6, 16), torch.randn(2, 1, 6, 16)
+    for offset, kept in ((0, True), (1000, True), (TRACED_ROWS - 6, True), (TRACED_ROWS - 5, False)):
+        ops = compiled_ops(lambda q, k, n=offset: rope(q, k, offset=n), q, k)
+        assert sum("numba_rotate" in op for op in ops) == 2, (offset, ops)
+        formed = [op for op in ops if re.search(r"\b(cos|sin|stack)\b", op)]
+        assert not formed if kept else formed, (offset, ops)
+        torch._dynamo.reset()
+        got = torch.compile(lambda q, k, n=offset: rope(q, k, offset=n), fullgraph=True)(q, k)
+        for got_x, want in zip(got, rope(q, k, offset=offset), strict=True):
+            torch.testing.assert_close(got_x, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_compiled_decode_steps_keep_to_inductors_code(torch: Any, dynamic: bool) -> None:
     """A compiled call of one token per sequence (a decode step) is inductor's own code, not the

@@ -70,6 +70,10 @@ class TableSource(Protocol):
         """(a table of cos and sin side by side, (rows, seq) host indices into it), or None:
         cached rows a CPU kernel can read by position, with no gathered copy."""
 
+    def traced_side_by_side(self, seq: int, dtype: Any) -> Any:
+        """While torch.compile traces the call: the kept table of cos and sin side by side, rows
+        0, 1, ... this call's tokens, as graph inputs, or None where none is kept for it."""
+
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__, a tenth of a small
 # call's time; nothing writes a job after make_job.
@@ -94,6 +98,9 @@ class Job:
 
     def lookup(self) -> tuple[Any, Any] | None:
         return self.source.lookup(self.x.shape[self.seq_axis], self.compute)  # type: ignore[no-any-return]
+
+    def traced_side_by_side(self) -> Any:
+        return self.source.traced_side_by_side(self.x.shape[self.seq_axis], self.compute)
 
 
 def make_job(

@@ -86,24 +86,29 @@ def _traced_length(rotary: Rotary) -> int:
     return min(rotary.max_position or TRACED_ROWS, TRACED_ROWS)
 
 
+#: What a traced call fetches of the kept prefix (see _kept_prefix): the cos or the sin table, or
+#: the one table of both side by side that the CPU kernels read.
+_PARTS = {"cos": (False, 0), "sin": (False, 1), "side_by_side": (True, 0)}
+
+
 def _kept_prefix(
-    rotary: Rotary, device: Any, dtype: Any, which: str, part: int, rows: tuple[int, int] | None = None
+    rotary: Rotary, device: Any, dtype: Any, which: str, part: str, rows: tuple[int, int] | None = None
 ) -> Any:
-    """The cos (``part`` 0) or sin (1) prefix table of a traced call's frequencies, as eager calls
-    keep it (the same entry), or None where the cache keeps none that long; ``rows``: (start,
-    stop), only those rows (a view)."""
+    """One ``part`` (a key of :data:`_PARTS`) of the prefix table of a traced call's frequencies,
+    as eager calls keep it (the same entry), or None where the cache keeps none that long;
+    ``rows``: (start, stop), only those rows (a view)."""
     from array_api_compat import torch as xp
 
     from ._torch_ops import real_tensors
 
+    together, index = _PARTS[part]
     length = _traced_length(rotary)
     with real_tensors():
-        found = prefix_tables(
-            rotary, xp, environment(xp, device), rotary.spectrum.named(which), length, dtype
-        )
+        freqs, env = rotary.spectrum.named(which), environment(xp, device)
+        found = prefix_tables(rotary, xp, env, freqs, length, dtype, together=together)
         if found is None:
             return None
-        return found[part] if rows is None else found[part][rows[0] : rows[1], ...]
+        return found[index] if rows is None else found[index][rows[0] : rows[1], ...]
 
 
 class PositionTables:
@@ -123,6 +128,7 @@ class PositionTables:
         # (seq, dtype, tables), searched with ==, not hashed: hashing a traced length (a torch
         # SymInt) would fix it to one value, and dynamic shapes would recompile for every other
         self._made: list[tuple[Any, Any, tuple[Any, Any]]] = []
+        self._sides: list[tuple[Any, Any, Any]] = []  # (seq, dtype, table or None)
         self._lookups: dict[tuple[int, Any], tuple[Any, Any] | None] = {}
         self._fused: KernelAngles | None = None
 
@@ -130,21 +136,36 @@ class PositionTables:
         for made_seq, made_dtype, made in self._made:  # q and k of one length share them
             if made_dtype == dtype and made_seq == seq:
                 return made
-        found = self._traced_rows(seq, dtype) if self.ctx.traced else None
-        if found is None:
+        kept = self._traced_rows(seq, dtype, "cos", "sin") if self.ctx.traced else None
+        if kept is not None:
+            found = (kept[0], kept[1])
+        else:
             found = self._tables(seq, dtype)
             if self.ctx.traced:  # formed once, not again in the loop over each array's heads
                 found = keep_tables(self.ctx.xp, *found)
         self._made.append((seq, dtype, found))
         return found
 
-    def _traced_rows(self, seq: int, dtype: Any) -> tuple[Any, Any] | None:
-        """While dynamo traces a call at an int offset: its rows of the cached prefix table,
-        fetched as plain Python through the rotary's handle (see :mod:`._handle`), so they enter
-        the graph as inputs. Tables formed in the graph cost the cos and sin of every position
-        on every call: on a CPU about 1 ms per 1024 positions and core, several times a copy of
-        q and k. The table holds :data:`TRACED_ROWS` positions (fewer where the RoPE's
-        ``max_position`` says so); a call past them forms its own (a guard on its traced length)."""
+    def traced_side_by_side(self, seq: int, dtype: Any) -> Any:
+        """While dynamo traces a call at an int offset: its rows of the kept prefix table of
+        :func:`side_by_side`, fetched as :meth:`_traced_rows` fetches cos and sin, so the graph
+        does not put them side by side on every call; None where they are not fetched."""
+        for made_seq, made_dtype, made in self._sides:  # q and k of one length share them
+            if made_dtype == dtype and made_seq == seq:
+                return made
+        found = self._traced_rows(seq, dtype, "side_by_side") if self.ctx.traced else None
+        table = None if found is None else found[0]
+        self._sides.append((seq, dtype, table))
+        return table
+
+    def _traced_rows(self, seq: int, dtype: Any, *parts: str) -> tuple[Any, ...] | None:
+        """While dynamo traces a call at an int offset: its rows of the cached prefix table's
+        ``parts`` (see :data:`_PARTS`), fetched as plain Python through the rotary's handle (see
+        :mod:`._handle`), so they enter the graph as inputs. Tables formed in the graph cost the
+        cos and sin of every position on every call: on a CPU about 1 ms per 1024 positions and
+        core, several times a copy of q and k. The table holds :data:`TRACED_ROWS` positions
+        (fewer where the RoPE's ``max_position`` says so); a call past them forms its own (a
+        guard on its traced length)."""
         ctx, spec, freqs = self.ctx, self.spec, self.freqs
         if not (is_library(ctx.xp, "torch") and self.plain and isinstance(spec, Offset)):
             return None
@@ -164,17 +185,16 @@ class PositionTables:
         if start < 0 or start + seq > _traced_length(self.rotary):
             return None
         # A handed-on call (offset 0, see rope_call) takes the rows themselves: AOTAutograd's graph
-        # copies a constant on every call. cos and sin are fetched apart: dynamo cannot index a
+        # copies a constant on every call. Each part is fetched apart: dynamo cannot index a
         # tuple of fetched tensors (dynamic=True)
         rows = (start, start + seq) if handed_on() else None
-        cos = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 0, rows)
-        sin = self.rotary.handle.fetch(_kept_prefix, ctx.device, dtype, which, 1, rows)
-        if cos is None:
+        fetch = self.rotary.handle.fetch
+        kept = [fetch(_kept_prefix, ctx.device, dtype, which, part, rows) for part in parts]
+        if kept[0] is None:
             return None
         if rows is not None:
-            cos, sin = as_traced(cos, sin)
-            return cos, sin
-        return cos[start : start + seq, ...], sin[start : start + seq, ...]
+            return as_traced(*kept)
+        return tuple(table[start : start + seq, ...] for table in kept)
 
     def _tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
         if not isinstance(self.freqs, LengthSwitch):
@@ -346,6 +366,9 @@ class GivenTables:
     def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
         return None
 
+    def traced_side_by_side(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
+        return None
+
     def kernel_angles(self, x: Any, seq_axis: int) -> KernelAngles:  # noqa: ARG002
         cos, sin = self.cos, self.sin
         if cos.ndim == 2:
@@ -377,4 +400,7 @@ class XPosTables:
         return cos * scale, sin * scale
 
     def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
+        return None
+
+    def traced_side_by_side(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
         return None

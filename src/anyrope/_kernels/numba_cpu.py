@@ -6,7 +6,8 @@ host-known and inside it (no gathered copy, which is most of a decode step's cos
 call's own tables put side by side, with rows 0, 1, 2, .... torch tensors reach it through
 zero-copy NumPy views (:mod:`._numba_run`), inside an ``autograd.Function`` whose backward is
 the inverse rotation through the same kernel; while ``torch.compile`` traces them, through a
-torch operator (:mod:`._numba_op`).
+torch operator (:mod:`._numba_op`), which at an int offset reads the same cached table's rows
+as inputs of the graph.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def run(job: Job) -> Any:
     if job.key.tracer:  # torch.compile's, the one tracer it takes: its op, on the call's tables
         from . import _numba_op  # imports torch, which x came from
 
-        table = side_by_side(job.ctx.xp, *job.tables())  # in the graph: inductor writes it once
+        table = job.traced_side_by_side()  # the kept rows, where the positions are an int offset
+        if table is None:
+            table = side_by_side(job.ctx.xp, *job.tables())  # in the graph: inductor writes it once
         rotated = _numba_op.rotate(x, table, kind, job.layout, job.inverse, job.seq_axis)
         if job.out is None:
             return rotated
