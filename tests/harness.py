@@ -216,18 +216,19 @@ def assert_close(
     assert err <= TOLERANCE[dtype] * size, f"{dtype}: max error {err:.3g} > {TOLERANCE[dtype] * size:.3g}"
 
 
-def compiled_ops(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None) -> list[str]:
-    """The operators of the forward graph that AOTAutograd traces for inductor from what
-    torch.compile captures of ``fn(*args)``: a call that dynamo hands on whole (see
-    anyrope._torch_ops.hand_on) is traced there, so its operators are these, not dynamo's."""
+def compiled_nodes(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None) -> list[Any]:
+    """The operator nodes (``call_function``) of the forward graph that AOTAutograd traces for
+    inductor from what torch.compile captures of ``fn(*args)``: a call that dynamo hands on
+    whole (see anyrope._torch_ops.hand_on) is traced there, so its operators are these, not
+    dynamo's."""
     import torch
     from functorch.compile import make_boxed_func
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    seen: list[str] = []
+    seen: list[Any] = []
 
     def forward(graph: Any, example_inputs: Any) -> Any:
-        seen.extend(str(node.target) for node in graph.graph.nodes if node.op == "call_function")
+        seen.extend(node for node in graph.graph.nodes if node.op == "call_function")
         return make_boxed_func(graph.forward)
 
     def capture(graph: Any, example_inputs: Any) -> Any:
@@ -236,3 +237,8 @@ def compiled_ops(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None
     torch._dynamo.reset()
     torch.compile(fn, backend=capture, fullgraph=True, dynamic=dynamic)(*args)
     return seen
+
+
+def compiled_ops(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None) -> list[str]:
+    """The names of :func:`compiled_nodes`' operators."""
+    return [str(node.target) for node in compiled_nodes(fn, *args, dynamic=dynamic)]

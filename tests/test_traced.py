@@ -18,7 +18,7 @@ import anyrope
 from anyrope import scaling as sc
 
 import oracle
-from harness import Backend, assert_close, compiled_ops, make_backend
+from harness import Backend, assert_close, compiled_nodes, compiled_ops, make_backend
 
 CALLS: dict[str, Callable[[Any, Any, Any], Any]] = {
     "int offset": lambda rope, q, k: rope(q, k, offset=3),
@@ -474,26 +474,30 @@ def test_compiled_cpu_calls_run_the_numba_kernel_as_an_operator(torch: Any) -> N
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_compiled_numba_calls_at_an_int_offset_read_the_kept_side_by_side_rows(
-    torch: Any, layout: str
-) -> None:
-    """At an int offset, the numba operator reads rows of the kept table of cos and sin side by
-    side, fetched while dynamo traces: the graph forms no angles and stacks no tables, for q and
-    k alike, whether dynamo hands the call on (offset 0) or not. Past the kept rows it puts the
-    call's own tables side by side. Every form equals the eager call bit for bit."""
+def test_compiled_numba_calls_read_one_side_by_side_table_for_q_and_k(torch: Any, layout: str) -> None:
+    """Under torch.compile the numba operator of q and the one of k read the same table of cos
+    and sin side by side. At an int offset inside the kept rows that is the rows of the table
+    eager calls keep, fetched while dynamo traces: the graph forms no angles and stacks nothing,
+    whether dynamo hands the call on (offset 0) or not. Past them, and for tensor offsets, the
+    call's tables are put side by side once in the graph. Every form equals the eager call bit
+    for bit."""
     if not {k.name: k for k in anyrope.kernels()}["numba"].available:
         pytest.skip("numba is not installed")
     from anyrope._tables import TRACED_ROWS
 
     rope = anyrope.RoPE(16, layout=layout)
     q, k = torch.randn(2, 4, 6, 16), torch.randn(2, 1, 6, 16)
-    for offset, kept in ((0, True), (1000, True), (TRACED_ROWS - 6, True), (TRACED_ROWS - 5, False)):
-        ops = compiled_ops(lambda q, k, n=offset: rope(q, k, offset=n), q, k)
-        assert sum("numba_rotate" in op for op in ops) == 2, (offset, ops)
-        formed = [op for op in ops if re.search(r"\b(cos|sin|stack)\b", op)]
-        assert not formed if kept else formed, (offset, ops)
+    offsets = torch.tensor([3, 900])
+    cases = [(n, True) for n in (0, 1000, TRACED_ROWS - 6)] + [(TRACED_ROWS - 5, False), (offsets, False)]
+    for offset, kept in cases:
+        nodes = compiled_nodes(lambda q, k, n: rope(q, k, offset=n), q, k, offset)
+        rotations = [node for node in nodes if "numba_rotate" in str(node.target)]
+        assert len(rotations) == 2, (offset, nodes)
+        assert rotations[0].args[1] is rotations[1].args[1], (offset, nodes)  # one table
+        formed = [node for node in nodes if re.search(r"\b(cos|sin|stack)\b", str(node.target))]
+        assert not formed if kept else formed, (offset, nodes)
         torch._dynamo.reset()
-        got = torch.compile(lambda q, k, n=offset: rope(q, k, offset=n), fullgraph=True)(q, k)
+        got = torch.compile(lambda q, k, n: rope(q, k, offset=n), fullgraph=True)(q, k, offset)
         for got_x, want in zip(got, rope(q, k, offset=offset), strict=True):
             torch.testing.assert_close(got_x, want, rtol=0, atol=0)
 

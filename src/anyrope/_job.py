@@ -71,8 +71,9 @@ class TableSource(Protocol):
         cached rows a CPU kernel can read by position, with no gathered copy."""
 
     def traced_side_by_side(self, seq: int, dtype: Any) -> Any:
-        """While torch.compile traces the call: the kept table of cos and sin side by side, rows
-        0, 1, ... this call's tokens, as graph inputs, or None where none is kept for it."""
+        """While traced: the call's cos and sin side by side (rows 0, 1, ... its tokens), made
+        once for every array that shares it, or None where each array puts its own tables side
+        by side (an eager call, or tables that differ per array)."""
 
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__, a tenth of a small

@@ -147,14 +147,17 @@ class PositionTables:
         return found
 
     def traced_side_by_side(self, seq: int, dtype: Any) -> Any:
-        """While dynamo traces a call at an int offset: its rows of the kept prefix table of
-        :func:`side_by_side`, fetched as :meth:`_traced_rows` fetches cos and sin, so the graph
-        does not put them side by side on every call; None where they are not fetched."""
-        for made_seq, made_dtype, made in self._sides:  # q and k of one length share them
+        """While traced, the call's table of :func:`side_by_side`, one for q and k: at an int
+        offset inside the kept prefix, its rows, fetched as :meth:`_traced_rows` fetches cos
+        and sin (the graph forms and stacks nothing); else :meth:`tables` put side by side.
+        None for an eager call."""
+        if not self.ctx.traced:
+            return None
+        for made_seq, made_dtype, made in self._sides:  # q and k of one length share it
             if made_dtype == dtype and made_seq == seq:
                 return made
-        found = self._traced_rows(seq, dtype, "side_by_side") if self.ctx.traced else None
-        table = None if found is None else found[0]
+        found = self._traced_rows(seq, dtype, "side_by_side")
+        table = side_by_side(self.ctx.xp, *self.tables(seq, dtype)) if found is None else found[0]
         self._sides.append((seq, dtype, table))
         return table
 

@@ -27,9 +27,9 @@ def run(job: Job) -> Any:
     if job.key.tracer:  # torch.compile's, the one tracer it takes: its op, on the call's tables
         from . import _numba_op  # imports torch, which x came from
 
-        table = job.traced_side_by_side()  # the kept rows, where the positions are an int offset
+        table = job.traced_side_by_side()  # one for q and k: kept rows, or stacked in the graph
         if table is None:
-            table = side_by_side(job.ctx.xp, *job.tables())  # in the graph: inductor writes it once
+            table = side_by_side(job.ctx.xp, *job.tables())
         rotated = _numba_op.rotate(x, table, kind, job.layout, job.inverse, job.seq_axis)
         if job.out is None:
             return rotated
