@@ -111,6 +111,18 @@ def _kept_prefix(
         return found[index] if rows is None else found[index][rows[0] : rows[1], ...]
 
 
+def _once(made: list[tuple[Any, Any, Any]], seq: int, dtype: Any, make: Callable[[], Any]) -> Any:
+    """``make()``'s result for (seq, dtype), made once per call: q and k of one length share it.
+    Searched with ==, not hashed: hashing a traced length (a torch SymInt) would fix it to one
+    value, and dynamic shapes would recompile for every other."""
+    for made_seq, made_dtype, value in made:
+        if made_dtype == dtype and made_seq == seq:
+            return value
+    value = make()
+    made.append((seq, dtype, value))
+    return value
+
+
 class PositionTables:
     """The tables of a RoPE call's positions, for each sequence length and dtype, made once per call."""
 
@@ -125,25 +137,21 @@ class PositionTables:
         self.unsigned64 = spec.unsigned64
         # whether the tables are rows of the plain spectrum's table (cached per position)
         self.plain = not isinstance(spec, MultiAxis) and rotary.plain_order
-        # (seq, dtype, tables), searched with ==, not hashed: hashing a traced length (a torch
-        # SymInt) would fix it to one value, and dynamic shapes would recompile for every other
-        self._made: list[tuple[Any, Any, tuple[Any, Any]]] = []
-        self._sides: list[tuple[Any, Any, Any]] = []  # (seq, dtype, table or None)
+        self._made: list[tuple[Any, Any, Any]] = []  # (seq, dtype, tables): see _once
+        self._sides: list[tuple[Any, Any, Any]] = []  # (seq, dtype, side-by-side table)
         self._lookups: dict[tuple[int, Any], tuple[Any, Any] | None] = {}
         self._fused: KernelAngles | None = None
 
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
-        for made_seq, made_dtype, made in self._made:  # q and k of one length share them
-            if made_dtype == dtype and made_seq == seq:
-                return made
+        return _once(self._made, seq, dtype, lambda: self._make_tables(seq, dtype))  # type: ignore[no-any-return]
+
+    def _make_tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
         kept = self._traced_rows(seq, dtype, "cos", "sin") if self.ctx.traced else None
         if kept is not None:
-            found = (kept[0], kept[1])
-        else:
-            found = self._tables(seq, dtype)
-            if self.ctx.traced:  # formed once, not again in the loop over each array's heads
-                found = keep_tables(self.ctx.xp, *found)
-        self._made.append((seq, dtype, found))
+            return kept[0], kept[1]
+        found = self._tables(seq, dtype)
+        if self.ctx.traced:  # formed once, not again in the loop over each array's heads
+            found = keep_tables(self.ctx.xp, *found)
         return found
 
     def traced_side_by_side(self, seq: int, dtype: Any) -> Any:
@@ -153,13 +161,12 @@ class PositionTables:
         None for an eager call."""
         if not self.ctx.traced:
             return None
-        for made_seq, made_dtype, made in self._sides:  # q and k of one length share it
-            if made_dtype == dtype and made_seq == seq:
-                return made
-        found = self._traced_rows(seq, dtype, "side_by_side")
-        table = side_by_side(self.ctx.xp, *self.tables(seq, dtype)) if found is None else found[0]
-        self._sides.append((seq, dtype, table))
-        return table
+
+        def make() -> Any:
+            found = self._traced_rows(seq, dtype, "side_by_side")
+            return side_by_side(self.ctx.xp, *self.tables(seq, dtype)) if found is None else found[0]
+
+        return _once(self._sides, seq, dtype, make)
 
     def _traced_rows(self, seq: int, dtype: Any, *parts: str) -> tuple[Any, ...] | None:
         """While dynamo traces a call at an int offset: its rows of the cached prefix table's
