@@ -15,6 +15,7 @@ import dataclasses
 import importlib.util
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -92,6 +93,12 @@ COMPILED = frozenset({
     "copy-compiled", "anyrope-compiled", "anyrope-aoti", "anyrope-jit", "anyrope-mx-compile", "naive-jit",
     "transformers-apply-compiled", "transformers-full-compiled", "mx.fast.rope-compiled",
 })  # fmt: skip
+
+# Rows that benchmarks/bench_paired.py times again in one process, taking turns with the variant
+# they are divided by: pairs of anyrope's own paths that a target compares and that can differ by
+# less than a process's own spread (mx.compile and eager MLX run the same kernel; eager JAX runs
+# a cached jitted form). (backend, variant) -> the variant it is divided by.
+PAIRED = {("mlx", "anyrope-mx-compile"): "anyrope", ("jax", "anyrope"): "anyrope-jit"}
 
 
 @dataclass(frozen=True)
@@ -314,4 +321,17 @@ def plan(
                         if variants is None or variant in variants:
                             skip = down or why or _dtype_skip(variant, dtype)
                             found.append(Bench(spec.name, case, dtype, layout, variant, tensors, skip))
+    return found
+
+
+def pairs(benches: Sequence[Bench]) -> list[tuple[Bench, Bench]]:
+    """(row, the row it is divided by) for each benchmark of ``PAIRED`` whose partner of the same
+    backend, case, dtype and layout is planned too, neither skipped; in the plan's order."""
+    by_key = {(b.backend, b.case, b.dtype, b.layout, b.variant): b for b in benches}
+    found = []
+    for bench in benches:
+        over = PAIRED.get((bench.backend, bench.variant))
+        other = by_key.get((bench.backend, bench.case, bench.dtype, bench.layout, over or ""))
+        if other is not None and not bench.skip and not other.skip:
+            found.append((bench, other))
     return found

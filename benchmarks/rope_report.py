@@ -162,6 +162,7 @@ def summarize(out: Path) -> Record:
         "results": add_ratios(results),
         "first_call": (first_call_records(first_file) if first_file.exists() else [])
         + run["first_call_failed"],
+        "paired": run.get("paired", []),
     }
 
 
@@ -246,13 +247,38 @@ def _first_row(r: Record) -> list[str]:
     return [r["backend"], r["variant"], f"{r['median_s']:.3f}", spread, str(r["processes"])]
 
 
+PAIRED_COLUMNS = (
+    "backend",
+    "shape",
+    "dtype",
+    "layout",
+    "paired",
+    "over",
+    "ratio (q1-q3)",
+    "blocks",
+    "ms",
+    "over ms",
+)
+
+
+def _paired_row(r: Record) -> list[str]:
+    row = [r["backend"], r["shape"], r["dtype"], r["layout"], r["variant"], r["over"]]
+    if r.get("status") != "ok":
+        return [*row, str(r.get("status")), "", "", ""]
+    ratio = f"{r['ratio']:.3f} ({r['ratio_p25']:.3f}-{r['ratio_p75']:.3f})"
+    return [*row, ratio, f"{r['blocks']} x {r['loops']}", _ms(r["median_s"]), _ms(r["over_median_s"])]
+
+
 def format_table(summary: Record) -> str:
-    """The timed and failed rows (skips are listed below), the first calls, and notes."""
+    """The timed and failed rows (skips are listed below), the first calls, the paired rows, notes."""
     rows = sorted((r for r in summary["results"] if r.get("status") != "skipped"), key=order)
     lines = columns(COLUMNS, [_row(r) for r in rows], COLUMNS[6:])
     first = sorted(summary.get("first_call", []), key=order)
     if first:
         lines += ["", *columns(FIRST_COLUMNS, [_first_row(r) for r in first], FIRST_COLUMNS[2:], 1)]
+    paired = sorted(summary.get("paired", []), key=order)
+    if paired:
+        lines += ["", *columns(PAIRED_COLUMNS, [_paired_row(r) for r in paired], PAIRED_COLUMNS[6:])]
     return "\n".join([*lines, "", *notes(summary)])
 
 
@@ -275,6 +301,12 @@ def notes(summary: Record) -> list[str]:
             "import anyrope + RoPE + rope(q); compiled: the first torch.compile / jax.jit / mx.compile call",
             "of rope(q).",
         ]
+    if summary.get("paired"):
+        found += [
+            "paired: the row timed again with the one it is divided by, both in one process, in blocks of",
+            "the same number of calls taking turns (A B, then B A); ratio: the median over the pairs of",
+            "blocks of the row's time over the other's, with quartiles; blocks: pairs x calls a block.",
+        ]
     timed = {r["backend"] for r in summary["results"] if r.get("status") == "ok"}
     for backend in sorted(timed, key=list(SPECS).index):
         line = f"{backend}: copy = {SPECS[backend].copy}"
@@ -285,10 +317,11 @@ def notes(summary: Record) -> list[str]:
             line += f"; {column} against {' / '.join(sorted(names))}" if names else ""
         found.append(line)
     not_run: dict[tuple[str, str, str], list[str]] = {}  # (backend, status, detail) -> variants
-    for r in [*summary["results"], *summary.get("first_call", [])]:
+    for r in [*summary["results"], *summary.get("first_call", []), *summary.get("paired", [])]:
         if r.get("status") in ("skipped", "error"):
             variants = not_run.setdefault((r["backend"], r["status"], r.get("detail", "")), [])
-            variants += [] if r["variant"] in variants else [r["variant"]]
+            name = f"{r['variant']} over {r['over']} paired" if "over" in r else r["variant"]
+            variants += [] if name in variants else [name]
     for (backend, status, detail), variants in not_run.items():
         every = {r["variant"] for r in summary["results"] if r["backend"] == backend}
         which = "" if set(variants) == every else " " + ", ".join(variants)

@@ -14,6 +14,9 @@ other are timed through the same swings of a shared machine's speed. pyperf's op
 ``--`` apply to each round (``-p 2`` is two processes a round). The pyperf files go to
 ``OUT/pyperf/``, a log per failure to ``OUT/logs/``, and ``OUT/run.json`` records the plan, the
 skips and the failures for report.py.
+Then the rows of ``rope_cases.PAIRED`` are timed again, each with the variant it is divided by,
+in one process of their own (bench_paired.py, alternating blocks; ``OUT/paired/``): two of
+anyrope's own paths can differ by less than a process's spread, which this ratio resolves.
 Where an NVIDIA GPU is found, bench_gpu.py follows (its own process, CUDA-event timings, the GPU
 peers): ``OUT/gpu.md`` and ``OUT/gpu.json``.
 """
@@ -30,12 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import bench_first_call
+import bench_paired
 import bench_rope
 import rope_cases
 import rope_report
 
 HERE = Path(__file__).resolve().parent
 QUICK = ["--values", "3"]  # before the user's pyperf options, which win
+QUICK_BLOCKS = 4
 # Worker processes per benchmark, one per round. Three, not pyperf's two: a process can be slow
 # for its whole life (a neighbour busy on one of the cores, for one), and all its values with it;
 # with two processes such a one moves the pooled median halfway, with three the other two set it.
@@ -58,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
         "--no-gpu", action="store_true", help="skip bench_gpu.py (run where an NVIDIA GPU is found)"
     )
     parser.add_argument(
+        "--paired-blocks",
+        type=int,
+        metavar="N",
+        help=f"pairs of blocks per paired row (default: {bench_paired.BLOCKS}; {QUICK_BLOCKS} with --quick;"
+        " 0: none)",
+    )
+    parser.add_argument(
         "--first-call-processes", type=int, default=5, metavar="N", help="fresh processes per first call"
     )
     return parser
@@ -74,7 +86,13 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _invoke(script: str, name: str, argv: list[str], log: Path) -> str:
     """Run one pyperf benchmark; returns "" or why it failed (the full output goes to ``log``)."""
-    cmd = [sys.executable, str(HERE / script), "--only", name, *argv]
+    return _script(script, name, ["--only", name, *argv], log)
+
+
+def _script(script: str, name: str, argv: list[str], log: Path) -> str:
+    """Run a script of this folder that prints a line starting with ``name`` when it succeeds;
+    returns "" or why it failed (the full output goes to ``log``)."""
+    cmd = [sys.executable, str(HERE / script), *argv]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith(name)]
     print(lines[-1] if lines else name, flush=True)
@@ -95,6 +113,25 @@ def schedule(plan: Sequence[rope_cases.Bench], rounds: int) -> list[tuple[int, r
     for bench in plan:
         groups.setdefault((bench.backend, bench.case.name, bench.dtype), []).append(bench)
     return [(round_, bench) for group in groups.values() for round_ in range(rounds) for bench in group]
+
+
+def run_paired(plan: Sequence[rope_cases.Bench], size: str, blocks: int, out: Path) -> list[dict[str, Any]]:
+    """bench_paired.py once per pair of ``rope_cases.pairs(plan)``, each in a fresh process:
+    its record, or an error record whose detail says why."""
+    records = []
+    for i, (a, b) in enumerate(found := rope_cases.pairs(plan), 1):
+        print(f"[paired {i}/{len(found)}] ", end="", flush=True)
+        path = out / "paired" / f"{a.name.replace('/', '_')}.json"
+        argv = [a.name, b.name, "--size", size, "--blocks", str(blocks), "--out", str(path)]
+        why = _script("bench_paired.py", a.name, argv, out / "logs" / f"paired_{path.stem}.log")
+        if not why:
+            records.append(json.loads(path.read_text()))
+            continue
+        records.append({
+            "backend": a.backend, "shape": a.case.name, "dims": list(a.case.dims), "dtype": a.dtype,
+            "layout": a.layout, "variant": a.variant, "over": b.variant, "status": "error", "detail": why,
+        })  # fmt: skip
+    return records
 
 
 def calibrated_loops(path: Path, name: str) -> int:
@@ -122,14 +159,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(ours)
     if args.quick:
         args.size, pyperf_args = "quick", [*QUICK, *pyperf_args]
-    out: Path = args.out
-    (out / "pyperf").mkdir(parents=True, exist_ok=True)
-    for old in (out / "pyperf").glob("*.json"):  # --append would mix this run with the last
-        old.unlink()
-    plan = bench_rope.chosen(args)
     rounds = args.rounds or (1 if args.quick else ROUNDS)
     if rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {rounds}")
+    blocks = args.paired_blocks
+    if blocks is None:
+        blocks = QUICK_BLOCKS if args.quick else bench_paired.BLOCKS
+    if blocks < 0:
+        raise SystemExit(f"--paired-blocks must be 0 (none) or more, got {blocks}")
+    out: Path = args.out
+    (out / "pyperf").mkdir(parents=True, exist_ok=True)
+    # --append would mix this run with the last; a paired file left over would pass for this run's
+    for old in [*(out / "pyperf").glob("*.json"), *(out / "paired").glob("*.json")]:
+        old.unlink()
+    plan = bench_rope.chosen(args)
     not_timed: list[dict[str, Any]] = []
     failed: set[str] = set()  # a benchmark that fails is not run again
     later: list[dict[str, Any]] = []  # failed after its first round: its row keeps what it has
@@ -169,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "dtype": bench.dtype, "layout": bench.layout, "variant": bench.variant, "tensors": bench.tensors,
                 "status": "skipped" if bench.skip else "error", "detail": why,
             })  # fmt: skip
+    paired = run_paired(plan, args.size, blocks, out) if blocks else []
     first_failed = []
     if not args.no_first_call:
         first_argv = [
@@ -201,10 +245,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "not_timed": not_timed,
         "first_call_failed": first_failed,
         "failed_later_rounds": later,
+        "paired": paired,
     }
     (out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
     status = rope_report.main([str(out)])
-    failures = [r for r in not_timed if r["status"] == "error"] + first_failed + later
+    failures = [r for r in [*not_timed, *paired] if r["status"] == "error"] + first_failed + later
     if failures:
         print(f"{len(failures)} benchmark(s) failed; see the notes above and {out / 'logs'}", file=sys.stderr)
     return status or (1 if failures else 0)

@@ -6,6 +6,7 @@ first on PYTHONPATH, so that they time this tree's anyrope.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 import bench_first_call
+import bench_paired
 import bench_rope
 import rope_cases
 import rope_plot
@@ -311,6 +313,91 @@ def test_rounds_take_turns_within_a_backend_case_and_dtype() -> None:
     assert run.schedule(plan, 1) == [(0, b) for b in plan]
 
 
+def _unskipped(benches: list[rope_cases.Bench]) -> list[rope_cases.Bench]:
+    """The plan as a machine with every backend would have it (the variants' own skips kept)."""
+    return [
+        dataclasses.replace(b, skip="")
+        if b.skip == rope_cases.backend_skip(b.backend) or b.skip == rope_cases.NO_GPU
+        else b
+        for b in benches
+    ]
+
+
+def test_pairs_are_two_variants_of_one_row() -> None:
+    """Each row of PAIRED is paired, in every case, dtype and layout, with the variant it is
+    divided by, and with nothing else; a skipped row or partner leaves the pair out."""
+    plan = _unskipped(rope_cases.plan(backends=["mlx", "jax", "numpy"]))
+    found = rope_cases.pairs(plan)
+    for a, b in found:
+        assert (a.backend, a.case, a.dtype, a.layout) == (b.backend, b.case, b.dtype, b.layout)
+        assert rope_cases.PAIRED[a.backend, a.variant] == b.variant
+    expected = {
+        (b.backend, b.case.name, b.dtype, b.layout, b.variant)
+        for b in plan
+        if (b.backend, b.variant) in rope_cases.PAIRED
+    }
+    assert {(a.backend, a.case.name, a.dtype, a.layout, a.variant) for a, _ in found} == expected
+    assert {a.backend for a, _ in found} == {"mlx", "jax"}  # numpy has no pair
+    skipped = [dataclasses.replace(b, skip="x") if b.variant == "anyrope-jit" else b for b in plan]
+    assert {a.backend for a, _ in rope_cases.pairs(skipped)} == {"mlx"}
+
+
+def test_paired_times_two_variants_in_one_process() -> None:
+    pytest.importorskip("numpy")
+    small = {b.variant: b for b in rope_cases.plan("tiny", backends=["numpy"], shapes=["small"],
+                                                    dtypes=["float32"], layouts=["half"])}  # fmt: skip
+    record = bench_paired.time_pair(small["anyrope"], small["copy"], blocks=3, block_s=1e-4)
+    assert (record["variant"], record["over"], record["status"], record["blocks"]) == (
+        "anyrope",
+        "copy",
+        "ok",
+        3,
+    )
+    assert (record["backend"], record["shape"], record["layout"], record["dims"]) == (
+        "numpy",
+        "small",
+        "half",
+        [1, 2, 4, 64],
+    )
+    assert record["loops"] >= 1
+    assert 0 < record["ratio_p25"] <= record["ratio"] <= record["ratio_p75"]
+    assert record["median_s"] > 0
+    assert record["over_median_s"] > 0
+    decode = rope_cases.plan(
+        "tiny", backends=["numpy"], shapes=["decode"], dtypes=["float32"], layouts=["half"]
+    )
+    with pytest.raises(ValueError, match="a pair is two variants of one row"):
+        bench_paired.time_pair(small["anyrope"], decode[0], blocks=3, block_s=1e-4)
+    with pytest.raises(ValueError, match="blocks must be >= 1"):
+        bench_paired.time_pair(small["anyrope"], small["copy"], blocks=0, block_s=1e-4)
+    assert bench_paired.quartiles([2.0]) == (2.0, 2.0, 2.0)
+    assert bench_paired.quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
+
+
+def test_run_paired_records_each_pair_or_why_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pair runs in a process of its own; one that fails costs its record only."""
+    pytest.importorskip("numpy")
+    plan = rope_cases.plan("tiny", backends=["numpy"], shapes=["small"], dtypes=["float32"], layouts=["half"])
+    broken = dataclasses.replace(plan[0], variant="no-such-variant")
+    pairs = {("numpy", "anyrope"): "copy", ("numpy", "no-such-variant"): "copy"}
+    monkeypatch.setattr(rope_cases, "PAIRED", pairs)
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    ok, failed = run.run_paired([*plan, broken], "tiny", 2, tmp_path)
+    assert (ok["variant"], ok["over"], ok["status"], ok["blocks"]) == ("anyrope", "copy", "ok", 2)
+    assert (tmp_path / "paired" / "numpy_small_float32_half_anyrope.json").exists()
+    assert (failed["variant"], failed["status"]) == ("no-such-variant", "error")
+    assert "no-such-variant" in failed["detail"]
+    assert "log:" in failed["detail"]
+    summary = {**_summary(), "paired": [ok, failed]}
+    table = rope_report.format_table(summary)
+    row = next(line for line in table.splitlines() if line.startswith("numpy ") and " anyrope " in line)
+    assert row.split()[4:6] == ["anyrope", "copy"]
+    assert row.split()[7].startswith("(")  # ratio (q1-q3)
+    assert row.split()[8:10] == ["2", "x"]  # blocks: 2 x calls a block
+    assert "numpy no-such-variant over copy paired: error (" in table
+    assert "paired: the row timed again with the one it is divided by" in table
+
+
 @pytest.fixture(scope="module")
 def numpy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real run in the smallest mode: tiny numpy shapes, one value each, one first call."""
@@ -338,6 +425,7 @@ def test_run_writes_pyperf_files_and_the_summary(numpy_run: Path) -> None:
     assert summary["config"]["pyperf_args"] == ["--debug-single-value"]
     assert summary["config"]["rounds"] == run.ROUNDS
     assert summary["machine"]["versions"]["pyperf"]
+    assert summary["paired"] == []  # numpy has no pair
     assert "hostname" not in summary["machine"]
     rows = {(r["layout"], r["variant"]): r for r in summary["results"]}
     assert len(rows) == len(names)
