@@ -40,7 +40,7 @@ import rope_report
 
 HERE = Path(__file__).resolve().parent
 QUICK = ["--values", "3"]  # before the user's pyperf options, which win
-QUICK_BLOCKS = 4
+QUICK_BLOCKS = 4  # --quick: enough to see a pair run, not to judge a target by
 # Worker processes per benchmark, one per round. Three, not pyperf's two: a process can be slow
 # for its whole life (a neighbour busy on one of the cores, for one), and all its values with it;
 # with two processes such a one moves the pooled median halfway, with three the other two set it.
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(ours)
     if args.quick:
         args.size, pyperf_args = "quick", [*QUICK, *pyperf_args]
-    rounds = args.rounds or (1 if args.quick else ROUNDS)
+    rounds = args.rounds if args.rounds is not None else 1 if args.quick else ROUNDS
     if rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {rounds}")
     blocks = args.paired_blocks

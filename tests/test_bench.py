@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -396,6 +397,22 @@ def test_run_paired_records_each_pair_or_why_not(tmp_path: Path, monkeypatch: py
     assert row.split()[8:10] == ["2", "x"]  # blocks: 2 x calls a block
     assert "numpy no-such-variant over copy paired: error (" in table
     assert "paired: the row timed again with the one it is divided by" in table
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--rounds", "--rounds must be at least 1, got 0"),
+        ("--paired-blocks", "--paired-blocks must be 0 (none) or more, got -1"),
+    ],
+)
+def test_bad_counts_stop_before_the_last_run_is_deleted(tmp_path: Path, option: str, message: str) -> None:
+    kept = tmp_path / "pyperf" / "rope-numpy.json"
+    kept.parent.mkdir()
+    kept.write_text("{}")
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        run.main(["--out", str(tmp_path), option, "0" if option == "--rounds" else "-1"])
+    assert kept.exists()
 
 
 @pytest.fixture(scope="module")
