@@ -39,6 +39,14 @@ def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     return q1, statistics.median(values), q3
 
 
+def fields(a: rope_cases.Bench, b: rope_cases.Bench) -> dict[str, Any]:
+    """What names a paired record, timed or not: A's row and variant, and B's variant."""
+    return {
+        "backend": a.backend, "shape": a.case.name, "dims": list(a.case.dims), "dtype": a.dtype,
+        "layout": a.layout, "variant": a.variant, "over": b.variant,
+    }  # fmt: skip
+
+
 def time_pair(a: rope_cases.Bench, b: rope_cases.Bench, blocks: int, block_s: float) -> dict[str, Any]:
     """A's and B's time per call in ``blocks`` alternating pairs of blocks, in this process."""
     from rope_runtimes import make_runtime
@@ -66,10 +74,9 @@ def time_pair(a: rope_cases.Bench, b: rope_cases.Bench, blocks: int, block_s: fl
     ratios = [x / y for x, y in zip(per_call[a.name], per_call[b.name], strict=True)]
     p25, median, p75 = quartiles(ratios)
     return {
-        "backend": a.backend, "shape": a.case.name, "dims": list(a.case.dims), "dtype": a.dtype,
-        "layout": a.layout, "variant": a.variant, "over": b.variant, "status": "ok", "blocks": blocks,
-        "loops": loops, "ratio": median, "ratio_p25": p25, "ratio_p75": p75,
-        "median_s": quartiles(per_call[a.name])[1], "over_median_s": quartiles(per_call[b.name])[1],
+        **fields(a, b), "status": "ok", "blocks": blocks, "loops": loops,
+        "ratio": median, "ratio_p25": p25, "ratio_p75": p75,
+        "median_s": statistics.median(per_call[a.name]), "over_median_s": statistics.median(per_call[b.name]),
     }  # fmt: skip
 
 

@@ -127,10 +127,7 @@ def run_paired(plan: Sequence[rope_cases.Bench], size: str, blocks: int, out: Pa
         if not why:
             records.append(json.loads(path.read_text()))
             continue
-        records.append({
-            "backend": a.backend, "shape": a.case.name, "dims": list(a.case.dims), "dtype": a.dtype,
-            "layout": a.layout, "variant": a.variant, "over": b.variant, "status": "error", "detail": why,
-        })  # fmt: skip
+        records.append({**bench_paired.fields(a, b), "status": "error", "detail": why})
     return records
 
 
