@@ -430,6 +430,67 @@ def test_numba_keeps_one_table_of_cos_and_sin_side_by_side(backend: Backend, dty
     assert_close(backend, step, backend.to_numpy(generic_step), dtype)
 
 
+@pytest.mark.backends("mlx")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_mlx_keeps_cos_and_the_signed_sin_of_its_layout(
+    backend: Backend, dtype: str, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MLX kernel reads the rows of one cached entry, cos and the sin signed as each
+    partner's factor (-s, s) in the layout's feature order, so a call at host-known positions
+    stacks nothing (stacked per call: a negation and a concatenation MLX cannot fuse). Calls
+    whose tables are their own (xPos, given tables) stack them; every form equals the generic
+    code bit for bit, forward and inverse."""
+    from anyrope._kernels import mlx_compiled
+
+    stacked: list[int] = []
+    signed_sin = mlx_compiled.signed_sin
+
+    def spy(*args: Any) -> Any:
+        stacked.append(1)
+        return signed_sin(*args)
+
+    monkeypatch.setattr(mlx_compiled, "signed_sin", spy)
+    rope = anyrope.RoPE(16, rotary_dim=12, base=4711.0, layout=layout)
+    data = np.random.default_rng(9).standard_normal((2, 3, 40, 16))
+    like = backend.asarray(np.zeros(1), "float32")
+    calls = {
+        "offset": lambda x, **kw: rope(x, offset=7, **kw),
+        "positions": lambda x, **kw: rope(x, positions=[3, 900] * 20, **kw),
+        "decode": lambda x, **kw: rope(x[:, :, :1], offset=[5, 300], **kw),
+    }
+    anyrope.table_cache.clear()
+    try:
+        with anyrope.use_fast_paths("mlx-compiled"):
+            fast = {name: call(backend.asarray(data, dtype)) for name, call in calls.items()}
+            info = anyrope.table_cache.info()
+            assert stacked == []
+            assert info["tables"] == 1
+            # 901 positions -> 1024 rows of 6 pairs' cos and their sin twice, float32
+            assert info["nbytes"] - info["constant_nbytes"] == 1024 * 18 * 4
+            inverse = {name: call(backend.asarray(data, dtype), inverse=True) for name, call in calls.items()}
+            assert stacked == []
+            (kept,) = [entry.tables for entry in anyrope.table_cache._entries.values() if entry.length]
+            own = {
+                "xPos": lambda x: anyrope.RoPE(16, layout=layout, xpos_scale_base=64)(x, x, offset=7)[1],
+                "given": lambda x: anyrope.apply(x, *rope.cos_sin(backend.asarray(np.arange(40)), like=like),
+                                                 layout=layout),
+            }  # fmt: skip
+            fast.update({name: call(backend.asarray(data, dtype)) for name, call in own.items()})
+            assert len(stacked) == 3  # xPos's q and k, the given tables
+        cos, sin = (backend.to_numpy(t) for t in rope.cos_sin(backend.asarray(np.arange(1024)), like=like))
+        signed = np.stack([-sin, sin], axis=-2 if layout == "half" else -1).reshape(1024, 12)
+        np.testing.assert_array_equal(backend.to_numpy(kept[0]), cos)
+        np.testing.assert_array_equal(backend.to_numpy(kept[1]), signed)
+        with _generic():
+            for name, call in {**calls, **own}.items():
+                assert_same(backend, fast[name], call(backend.asarray(data, dtype)), dtype)
+            for name, call in calls.items():
+                assert_same(backend, inverse[name], call(backend.asarray(data, dtype), inverse=True), dtype)
+    finally:
+        anyrope.table_cache.clear()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_numba_turns_q_and_k_in_one_launch(
     backend: Backend, dtype: str, monkeypatch: pytest.MonkeyPatch

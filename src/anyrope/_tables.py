@@ -20,12 +20,15 @@ from ._compat import Environment, environment, float64_scope, is_library, keep_t
 from ._context import CallContext
 from ._frequencies import LengthSwitch, PairFrequencies
 from ._kernel_angles import OFFSET, POSITIONS, STARTS, TABLES, KernelAngles, device_steps
+from ._layout import Layout
 from ._positions import ArrayOffset, MultiAxis, Offset, Positions, PositionSpec
 from ._rotary import Rotary
 from ._xpos import xpos_scale
 from .scaling import exponents
 
-__all__ = ["GivenTables", "PositionTables", "XPosTables", "prefix_tables", "scaled", "side_by_side"]
+__all__ = [
+    "GivenTables", "PositionTables", "XPosTables", "prefix_tables", "scaled", "side_by_side", "signed_sin",
+]  # fmt: skip
 
 _KINDS = {Offset: "offset", ArrayOffset: "row-offsets", Positions: "positions", MultiAxis: "multi-axis"}
 
@@ -41,6 +44,25 @@ def side_by_side(xp: Any, cos: Any, sin: Any) -> Any:
     return xp.reshape(table, (*table.shape[:-2], 2 * table.shape[-2]))
 
 
+def signed_sin(xp: Any, sin: Any, layout: Layout) -> Any:
+    """A (..., pairs) sin table as the (..., 2 * pairs) factor of each feature's partner, in the
+    layout's feature order: [-s | s] for half pairs, [-s0, s0, -s1, s1, ...] for interleaved
+    ones, so that a rotation is ``x * cos + partner * signed`` (the MLX kernel's form)."""
+    table = xp.stack((-sin, sin), axis=-2 if layout == "half" else -1)
+    return xp.reshape(table, (*sin.shape[:-1], 2 * sin.shape[-1]))
+
+
+#: The forms a prefix table is kept in, each a cache entry of its own: what it holds, made from
+#: (cos, sin), and its width in pairs (for the cache's byte count). The kernels that read a form
+#: other than "cos_sin" say so where they ask for it.
+_FORMS: dict[str, tuple[Callable[[Any, Any, Any], tuple[Any, ...]], int]] = {
+    "cos_sin": (lambda xp, cos, sin: (cos, sin), 2),  # noqa: ARG005 - every form takes xp
+    "side_by_side": (lambda xp, cos, sin: (side_by_side(xp, cos, sin),), 2),
+    "signed_half": (lambda xp, cos, sin: (cos, signed_sin(xp, sin, "half")), 3),
+    "signed_interleaved": (lambda xp, cos, sin: (cos, signed_sin(xp, sin, "interleaved")), 3),
+}
+
+
 def prefix_tables(
     rotary: Rotary,
     xp: Any,
@@ -49,14 +71,14 @@ def prefix_tables(
     length: int,
     dtype: Any,
     *,
-    together: bool = False,
+    form: str = "cos_sin",
 ) -> tuple[Any, ...] | None:
-    """Cached (cos, sin) tables for positions 0 .. length - 1 or more, or None where none are
-    kept; ``together``: the one table of :func:`side_by_side` instead, as a 1-tuple (a cache
-    entry of its own, which only the CPU kernels ask for)."""
+    """Cached tables for positions 0 .. length - 1 or more, in ``form`` (a key of :data:`_FORMS`:
+    (cos, sin) by default), or None where none are kept."""
     if not rotary.spectrum.cacheable(freqs):
         return None  # DynamicNTK past the original length: new frequencies at every length
-    key = (freqs, env, dtype, together)  # env: one object per library and device
+    make, width = _FORMS[form]
+    key = (freqs, env, dtype, form)  # env: one object per library and device
     found = table_cache.covering(key, length)
     if found is not None:
         return found
@@ -65,13 +87,11 @@ def prefix_tables(
         with untracked(xp):
             positions = Offset(0).positions(xp, env, n)
             tables = cos_sin(xp, env, positions, freqs.inv_freq, dtype=dtype)
-            made: tuple[Any, ...] = scaled(tables, freqs.scale)
-            if together:
-                made = (side_by_side(xp, *made),)
+            made = make(xp, *scaled(tables, freqs.scale))
         materialize(xp, *made)  # the cache shares them across threads
         return made
 
-    row_bytes = rotary.rotary_dim * (8 if dtype == getattr(xp, "float64", None) else 4)
+    row_bytes = width * rotary.rotary_dim // 2 * (8 if dtype == getattr(xp, "float64", None) else 4)
     return table_cache.prefix(key, length, build, row_bytes=row_bytes, hint=rotary.max_position or 0)
 
 
@@ -88,7 +108,7 @@ def _traced_length(rotary: Rotary) -> int:
 
 #: What a traced call fetches of the kept prefix (see _kept_prefix): the cos or the sin table, or
 #: the one table of both side by side that the CPU kernels read.
-_PARTS = {"cos": (False, 0), "sin": (False, 1), "side_by_side": (True, 0)}
+_PARTS = {"cos": ("cos_sin", 0), "sin": ("cos_sin", 1), "side_by_side": ("side_by_side", 0)}
 
 
 def _kept_prefix(
@@ -101,11 +121,11 @@ def _kept_prefix(
 
     from ._torch_ops import real_tensors
 
-    together, index = _PARTS[part]
+    form, index = _PARTS[part]
     length = _traced_length(rotary)
     with real_tensors():
         freqs, env = rotary.spectrum.named(which), environment(xp, device)
-        found = prefix_tables(rotary, xp, env, freqs, length, dtype, together=together)
+        found = prefix_tables(rotary, xp, env, freqs, length, dtype, form=form)
         if found is None:
             return None
         return found[index] if rows is None else found[index][rows[0] : rows[1], ...]
@@ -140,6 +160,7 @@ class PositionTables:
         self._made: list[tuple[Any, Any, Any]] = []  # (seq, dtype, tables): see _once
         self._sides: list[tuple[Any, Any, Any]] = []  # (seq, dtype, side-by-side table)
         self._lookups: dict[tuple[int, Any], tuple[Any, Any] | None] = {}
+        self._signed: dict[tuple[int, Any, Layout], tuple[Any, Any] | None] = {}
         self._fused: KernelAngles | None = None
 
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
@@ -274,10 +295,10 @@ class PositionTables:
         return sections.tables(ctx.xp, positions, lambda p, s: tables(p, pick(sections.frequency_indices[s])))
 
     def _cached(
-        self, freqs: PairFrequencies, seq: int, dtype: Any, *, together: bool = False
+        self, freqs: PairFrequencies, seq: int, dtype: Any, *, form: str = "cos_sin"
     ) -> tuple[Any, ...] | None:
         """The cached prefix tables covering this call's positions, where they are known on the
-        host, not negative, and rows of the plain spectrum serve them (``together``: see
+        host, not negative, and rows of the plain spectrum serve them (``form``: see
         :func:`prefix_tables`)."""
         if self.ctx.traced or not self.plain or self.ctx.env.lazy:
             return None
@@ -285,23 +306,27 @@ class PositionTables:
         if host is None or host[0] < 0:
             return None
         ctx = self.ctx
-        return prefix_tables(self.rotary, ctx.xp, ctx.env, freqs, host[1] + 1, dtype, together=together)
+        return prefix_tables(self.rotary, ctx.xp, ctx.env, freqs, host[1] + 1, dtype, form=form)
+
+    def _rows(self, cached: tuple[Any, ...], seq: int) -> tuple[Any, ...]:
+        """Each of the cached prefix tables at this call's positions, shape (*positions, width)."""
+        ctx, xp, spec = self.ctx, self.ctx.xp, self.spec
+        if isinstance(spec, Offset):
+            return tuple(table[spec.start : spec.start + seq, ...] for table in cached)
+        positions = spec.positions(xp, ctx.env, seq)
+        flat = xp.reshape(positions, (-1,))
+        if flat.dtype != ctx.env.index:
+            flat = xp.astype(flat, ctx.env.index)
+        return tuple(
+            xp.reshape(take_rows(xp, table, flat), (*positions.shape, table.shape[-1])) for table in cached
+        )
 
     def _static(self, freqs: PairFrequencies, seq: int, dtype: Any) -> tuple[Any, Any]:
-        ctx, xp, spec = self.ctx, self.ctx.xp, self.spec
+        ctx, xp = self.ctx, self.ctx.xp
         cached = self._cached(freqs, seq, dtype)
         if cached is not None:
-            if isinstance(spec, Offset):
-                start = spec.start
-                return cached[0][start : start + seq, ...], cached[1][start : start + seq, ...]
-            positions = spec.positions(xp, ctx.env, seq)
-            flat = xp.reshape(positions, (-1,))
-            if flat.dtype != ctx.env.index:
-                flat = xp.astype(flat, ctx.env.index)
-            shape = (*positions.shape, len(freqs.inv_freq))
-            return xp.reshape(take_rows(xp, cached[0], flat), shape), xp.reshape(
-                take_rows(xp, cached[1], flat), shape
-            )
+            cos, sin = self._rows(cached, seq)
+            return cos, sin
         tables = self._each_stream(
             seq,
             freqs.inv_freq,
@@ -309,6 +334,21 @@ class PositionTables:
             lambda pairs: tuple(freqs.inv_freq[j] for j in pairs),
         )
         return scaled(tables, freqs.scale)
+
+    def cached_signed(self, seq: int, dtype: Any, layout: Layout) -> tuple[Any, Any] | None:
+        """Rows of the cached prefix tables of cos and of :func:`signed_sin` at this call's
+        positions, where cached rows serve it (see :meth:`lookup`), made once for q and k; else None."""
+        if self.device_frequencies or not self.plain or self.ctx.traced:
+            return None
+        key = (seq, dtype, layout)
+        if key not in self._signed:
+            assert isinstance(self.freqs, PairFrequencies)
+            cached, found = self._cached(self.freqs, seq, dtype, form=f"signed_{layout}"), None
+            if cached is not None:
+                cos, signed = self._rows(cached, seq)
+                found = cos, signed
+            self._signed[key] = found
+        return self._signed[key]
 
     def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any] | None:
         """The cached prefix table of :func:`side_by_side` and host rows into it, where the
@@ -323,7 +363,7 @@ class PositionTables:
         rows = self.spec.host(seq)
         if rows is not None:
             assert isinstance(self.freqs, PairFrequencies)
-            cached = self._cached(self.freqs, seq, dtype, together=True)
+            cached = self._cached(self.freqs, seq, dtype, form="side_by_side")
             found = None if cached is None else (cached[0], rows)
         self._lookups[key] = found
         return found
@@ -376,6 +416,9 @@ class GivenTables:
     def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
         return None
 
+    def cached_signed(self, seq: int, dtype: Any, layout: Layout) -> None:  # noqa: ARG002
+        return None
+
     def traced_side_by_side(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
         return None
 
@@ -410,6 +453,9 @@ class XPosTables:
         return cos * scale, sin * scale
 
     def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
+        return None
+
+    def cached_signed(self, seq: int, dtype: Any, layout: Layout) -> None:  # noqa: ARG002
         return None
 
     def traced_side_by_side(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
