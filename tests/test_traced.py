@@ -1,7 +1,8 @@
 """Traced and compiled execution beyond the conformance axis: what tracers see, and what they cost.
 
 torch: meta and fake tensors (no values at all), ``torch.export``, no graph break in any call
-form, and decoding with an int offset compiles at most twice. JAX: ``vmap`` and ``grad``.
+form, and decoding with an int offset compiles at most twice. JAX: ``vmap`` and ``grad``. MLX:
+``mx.compile`` builds an eager call's graph.
 """
 
 from __future__ import annotations
@@ -688,3 +689,32 @@ def test_compiled_table_forms_match_eager(backend: Backend, mode: str) -> None:
         lambda k, p: anyrope.rerotate(rope(k, positions=p), rope, new, positions=p), mode
     )(k, positions)
     assert_close(backend, moved, backend.to_numpy(new(k, positions=positions)), "float32")
+
+
+@pytest.mark.backends("mlx")
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_mx_compile_builds_the_graph_of_an_eager_call(backend: Backend, layout: str) -> None:
+    """Under ``mx.compile`` a call at an int offset builds the graph an eager call builds, node
+    for node: views of x and of the cached rows, and one compiled kernel; nothing forms or
+    stacks tables per call. (Issue 24's "mx.compile no slower than eager" rests on this: the
+    two differ only in the Python of the call.)"""
+    import io
+
+    import mlx.core as mx
+
+    rope = anyrope.RoPE(32, layout=layout)
+    q = backend.asarray(np.random.default_rng(4).standard_normal((1, 4, 16, 32)), "bfloat16")
+    mx.eval(q)  # its conversion is no node of the call
+
+    def nodes(out: Any) -> list[str]:
+        drawn = io.StringIO()
+        mx.export_to_dot(drawn, out)
+        return sorted(re.findall(r'label ="(\w+)"', drawn.getvalue()))
+
+    eager = rope(q, offset=3)
+    compiled = mx.compile(lambda x: rope(x, offset=3))(q)
+    assert nodes(compiled) == nodes(eager)
+    kernels = [name for name in nodes(eager) if name.startswith("Compiled")]
+    assert len(kernels) == 1
+    assert set(nodes(eager)) - set(kernels) <= {"Reshape", "ExpandDims", "Slice"}
+    np.testing.assert_array_equal(backend.to_numpy(compiled), backend.to_numpy(eager))
