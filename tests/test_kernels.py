@@ -438,22 +438,26 @@ def test_mlx_keeps_cos_and_the_signed_sin_of_its_layout(
 ) -> None:
     """The MLX kernel reads the rows of one cached entry, cos and the sin signed as each
     partner's factor (-s, s) in the layout's feature order, so a call at host-known positions
-    stacks nothing (stacked per call: a negation and a concatenation MLX cannot fuse). Calls
-    whose tables are their own (xPos, given tables) stack them; every form equals the generic
+    stacks nothing (stacked per call: a negation and a concatenation MLX cannot fuse). A call's
+    own tables are stacked once for q and k (MLX array positions, never read on the host), or
+    once per array where each has its own (xPos, given tables); every form equals the generic
     code bit for bit, forward and inverse."""
+    from anyrope import _tables
     from anyrope._kernels import mlx_compiled
 
-    stacked: list[int] = []
-    signed_sin = mlx_compiled.signed_sin
+    stacked: list[tuple[int, ...]] = []  # the leading shape of each sin table stacked
+    signed_sin = _tables.signed_sin
 
-    def spy(*args: Any) -> Any:
-        stacked.append(1)
-        return signed_sin(*args)
+    def spy(xp: Any, sin: Any, layout: str) -> Any:
+        stacked.append(tuple(sin.shape[:-1]))
+        return signed_sin(xp, sin, layout)
 
     monkeypatch.setattr(mlx_compiled, "signed_sin", spy)
+    monkeypatch.setattr(_tables, "signed_sin", spy)
     rope = anyrope.RoPE(16, rotary_dim=12, base=4711.0, layout=layout)
     data = np.random.default_rng(9).standard_normal((2, 3, 40, 16))
     like = backend.asarray(np.zeros(1), "float32")
+    positions = backend.asarray(np.arange(40) * 3)
     calls = {
         "offset": lambda x, **kw: rope(x, offset=7, **kw),
         "positions": lambda x, **kw: rope(x, positions=[3, 900] * 20, **kw),
@@ -464,12 +468,12 @@ def test_mlx_keeps_cos_and_the_signed_sin_of_its_layout(
         with anyrope.use_fast_paths("mlx-compiled"):
             fast = {name: call(backend.asarray(data, dtype)) for name, call in calls.items()}
             info = anyrope.table_cache.info()
-            assert stacked == []
+            assert stacked == [(256,), (1024,)]  # the cache entry, made and grown: nothing per call
             assert info["tables"] == 1
             # 901 positions -> 1024 rows of 6 pairs' cos and their sin twice, float32
             assert info["nbytes"] - info["constant_nbytes"] == 1024 * 18 * 4
             inverse = {name: call(backend.asarray(data, dtype), inverse=True) for name, call in calls.items()}
-            assert stacked == []
+            assert len(stacked) == 2
             (kept,) = [entry.tables for entry in anyrope.table_cache._entries.values() if entry.length]
             own = {
                 "xPos": lambda x: anyrope.RoPE(16, layout=layout, xpos_scale_base=64)(x, x, offset=7)[1],
@@ -477,7 +481,10 @@ def test_mlx_keeps_cos_and_the_signed_sin_of_its_layout(
                                                  layout=layout),
             }  # fmt: skip
             fast.update({name: call(backend.asarray(data, dtype)) for name, call in own.items()})
-            assert len(stacked) == 3  # xPos's q and k, the given tables
+            assert len(stacked) == 5  # and xPos's q and k, the given tables
+            stacked.clear()
+            both = rope(backend.asarray(data, dtype), backend.asarray(data, dtype), positions=positions)
+            assert len(stacked) == 1
         cos, sin = (backend.to_numpy(t) for t in rope.cos_sin(backend.asarray(np.arange(1024)), like=like))
         signed = np.stack([-sin, sin], axis=-2 if layout == "half" else -1).reshape(1024, 12)
         np.testing.assert_array_equal(backend.to_numpy(kept[0]), cos)
@@ -487,6 +494,8 @@ def test_mlx_keeps_cos_and_the_signed_sin_of_its_layout(
                 assert_same(backend, fast[name], call(backend.asarray(data, dtype)), dtype)
             for name, call in calls.items():
                 assert_same(backend, inverse[name], call(backend.asarray(data, dtype), inverse=True), dtype)
+            for got in both:
+                assert_same(backend, got, rope(backend.asarray(data, dtype), positions=positions), dtype)
     finally:
         anyrope.table_cache.clear()
 

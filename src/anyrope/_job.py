@@ -70,9 +70,10 @@ class TableSource(Protocol):
         """(a table of cos and sin side by side, (rows, seq) host indices into it), or None:
         cached rows a CPU kernel can read by position, with no gathered copy."""
 
-    def cached_signed(self, seq: int, dtype: Any, layout: Layout) -> tuple[Any, Any] | None:
-        """(cos, :func:`anyrope._tables.signed_sin`) rows of the cached prefix tables, or None:
-        cached rows the MLX kernel reads in its own form, with nothing stacked per call."""
+    def signed(self, seq: int, dtype: Any, layout: Layout) -> tuple[Any, Any] | None:
+        """(cos, :func:`anyrope._tables.signed_sin`), the MLX kernel's form, made once for every
+        array that shares it (from cached rows where they serve the call), or None where each
+        array's tables are its own (given tables, xPos): the kernel stacks them."""
 
     def traced_side_by_side(self, seq: int, dtype: Any) -> Any:
         """While traced: the call's cos and sin side by side (rows 0, 1, ... its tokens), made
@@ -104,8 +105,8 @@ class Job:
     def lookup(self) -> tuple[Any, Any] | None:
         return self.source.lookup(self.x.shape[self.seq_axis], self.compute)  # type: ignore[no-any-return]
 
-    def cached_signed(self) -> tuple[Any, Any] | None:
-        return self.source.cached_signed(self.x.shape[self.seq_axis], self.compute, self.layout)  # type: ignore[no-any-return]
+    def signed(self) -> tuple[Any, Any] | None:
+        return self.source.signed(self.x.shape[self.seq_axis], self.compute, self.layout)  # type: ignore[no-any-return]
 
     def traced_side_by_side(self) -> Any:
         return self.source.traced_side_by_side(self.x.shape[self.seq_axis], self.compute)

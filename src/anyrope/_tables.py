@@ -160,7 +160,7 @@ class PositionTables:
         self._made: list[tuple[Any, Any, Any]] = []  # (seq, dtype, tables): see _once
         self._sides: list[tuple[Any, Any, Any]] = []  # (seq, dtype, side-by-side table)
         self._lookups: dict[tuple[int, Any], tuple[Any, Any] | None] = {}
-        self._signed: dict[tuple[int, Any, Layout], tuple[Any, Any] | None] = {}
+        self._signed: dict[Layout, list[tuple[Any, Any, Any]]] = {"half": [], "interleaved": []}  # see _once
         self._fused: KernelAngles | None = None
 
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
@@ -335,20 +335,24 @@ class PositionTables:
         )
         return scaled(tables, freqs.scale)
 
-    def cached_signed(self, seq: int, dtype: Any, layout: Layout) -> tuple[Any, Any] | None:
-        """Rows of the cached prefix tables of cos and of :func:`signed_sin` at this call's
-        positions, where cached rows serve it (see :meth:`lookup`), made once for q and k; else None."""
-        if self.device_frequencies or not self.plain or self.ctx.traced:
-            return None
-        key = (seq, dtype, layout)
-        if key not in self._signed:
-            assert isinstance(self.freqs, PairFrequencies)
-            cached, found = self._cached(self.freqs, seq, dtype, form=f"signed_{layout}"), None
+    def signed(self, seq: int, dtype: Any, layout: Layout) -> tuple[Any, Any]:
+        """cos and :func:`signed_sin` at this call's positions, made once for q and k: rows of the
+        cached prefix tables in that form where cached rows serve the call (nothing stacked per
+        call), else the call's tables, stacked."""
+
+        def make() -> tuple[Any, Any]:
+            freqs = self.freqs
+            form = f"signed_{layout}"
+            cached = (
+                self._cached(freqs, seq, dtype, form=form) if isinstance(freqs, PairFrequencies) else None
+            )
             if cached is not None:
                 cos, signed = self._rows(cached, seq)
-                found = cos, signed
-            self._signed[key] = found
-        return self._signed[key]
+                return cos, signed
+            cos, sin = self.tables(seq, dtype)
+            return cos, signed_sin(self.ctx.xp, sin, layout)
+
+        return _once(self._signed[layout], seq, dtype, make)  # type: ignore[no-any-return]
 
     def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any] | None:
         """The cached prefix table of :func:`side_by_side` and host rows into it, where the
@@ -416,7 +420,7 @@ class GivenTables:
     def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
         return None
 
-    def cached_signed(self, seq: int, dtype: Any, layout: Layout) -> None:  # noqa: ARG002
+    def signed(self, seq: int, dtype: Any, layout: Layout) -> None:  # noqa: ARG002 - tables of one array
         return None
 
     def traced_side_by_side(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
@@ -455,7 +459,7 @@ class XPosTables:
     def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
         return None
 
-    def cached_signed(self, seq: int, dtype: Any, layout: Layout) -> None:  # noqa: ARG002
+    def signed(self, seq: int, dtype: Any, layout: Layout) -> None:  # noqa: ARG002 - tables of one array
         return None
 
     def traced_side_by_side(self, seq: int, dtype: Any) -> None:  # noqa: ARG002

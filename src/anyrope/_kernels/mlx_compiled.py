@@ -63,8 +63,8 @@ def run(job: Job) -> Any:
 
         with _lock:
             fn = _compiled.setdefault(key, mx.compile(turn))
-    found = job.cached_signed()
-    if found is None:
+    found = job.signed()
+    if found is None:  # tables of this array alone
         cos, sin = job.tables()
         found = cos, signed_sin(job.ctx.xp, sin, job.layout)
     return fn(job.x, *found)
