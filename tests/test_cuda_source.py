@@ -54,12 +54,15 @@ def _as_c(value: Any) -> Any:
 
 
 def _host_kernel(library: Any) -> Any:
-    """A stand-in for the registry's rotate: the CUDA source's threads on the host."""
+    """A stand-in for the registry's prepare: the CUDA source's threads on the host."""
 
-    def rotate(job: Any) -> Any:
-        angles = job.source.kernel_angles(job.x, job.seq_axis)
-        x = np.ascontiguousarray(job.x)
-        out = job.out if job.out is not None else np.empty_like(x)
+    def prepare(job: Any) -> Any:
+        return lambda x, out, source: rotate(job, x, out, source)
+
+    def rotate(job: Any, x: Any, out: Any, source: Any) -> Any:
+        angles = source.kernel_angles(x, job.seq_axis)
+        x = np.ascontiguousarray(x)
+        out = out if out is not None else np.empty_like(x)
         assert out.flags.c_contiguous
         grid, block, args = cupy_cuda.arguments(job, angles, x, out)
         run = getattr(library, f"rotate_{x.dtype.name}")
@@ -71,14 +74,14 @@ def _host_kernel(library: Any) -> Any:
         )
         return out
 
-    return rotate
+    return prepare
 
 
 def _through_source(library: Any, call: Any) -> Any:
     """``call()`` with the registry's CuPy declaration, taking NumPy arrays, as the only kernel:
     what the declaration says it takes is what the source is run on."""
     cupy = next(k for k in anyrope.kernels() if k.name == "cupy")
-    stand_in = dataclasses.replace(cupy, libraries=frozenset({"numpy"}), run=_host_kernel(library))
+    stand_in = dataclasses.replace(cupy, libraries=frozenset({"numpy"}), prepare=_host_kernel(library))
     with anyrope.use_fast_paths(stand_in):
         return call()
 

@@ -132,14 +132,19 @@ def test_chunks_go_through_the_numpy_kernels(da: Any) -> None:
     taken: list[tuple[int, ...]] = []
 
     def counted(job: Any) -> Any:
-        taken.append(tuple(job.x.shape))
-        return fast.run(job)
+        launch = fast.prepare(job)
+
+        def run(x: Any, out: Any, source: Any) -> Any:
+            taken.append(tuple(x.shape))
+            return launch(x, out, source)
+
+        return run
 
     rope = anyrope.RoPE(
         16, layout="interleaved" if "interleaved" in fast.layouts and "half" not in fast.layouts else "half"
     )
     x = _chunked(da, X, CHUNKS)
-    with anyrope.use_fast_paths(dataclasses.replace(fast, run=counted)):
+    with anyrope.use_fast_paths(dataclasses.replace(fast, prepare=counted)):
         lazy_result = rope(x, offset=[1, 2, 3, 4])
     got = lazy_result.compute(scheduler="sync")  # the blocks run after the with block
     assert sorted(taken) == sorted(tuple(map(len, block)) for block in _blocks(x.chunks))

@@ -514,17 +514,21 @@ def test_numba_turns_q_and_k_in_one_launch(
         pytest.skip(f"numba takes no {backend.id} arrays itself (Dask's: chunk by chunk, later)")
     if dtype not in backend.dtypes:
         pytest.skip(f"{backend.id} has no {dtype}")
-    from anyrope._kernels import _numba_run
+    from anyrope._kernels import _numba_run, numba_cpu
 
-    launches: list[int] = []
-    run_kernels = _numba_run.run_kernels
+    launches: list[int] = []  # the arrays of each launch
+    launcher = _numba_run.launcher
 
-    def spy(arrays: Any, *rest: Any) -> Any:
-        launches.append(len(arrays))
-        return run_kernels(arrays, *rest)
+    def spy(*prepared: Any) -> Any:
+        launch = launcher(*prepared)
 
-    monkeypatch.setattr(_numba_run, "run_kernels", spy)
-    monkeypatch.setattr("anyrope._kernels.numba_cpu.run_kernels", spy)
+        def counted(xs: Any, *rest: Any) -> Any:
+            launches.append(len(xs))
+            return launch(xs, *rest)
+
+        return counted
+
+    monkeypatch.setattr(numba_cpu, "launcher", spy)
     rng = np.random.default_rng(3)
     rope = anyrope.RoPE(32, rotary_dim=24)
 

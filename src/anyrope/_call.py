@@ -2,8 +2,9 @@
 
 :func:`rope_call` (``rope(q, k, ...)``), :func:`apply` and :func:`cos_sin` build one call
 context, check every argument, describe each array as a job with its key and table source,
-and hand the jobs to the registry, which chooses every kernel before any runs. Dask arrays go
-through :mod:`._dask`, which runs each chunk through this same path for the chunk's library.
+and hand the jobs to the registry, which chooses every kernel and prepares their launch before any
+runs: a call's plan (:mod:`._plan`), kept per signature for ``rope(...)``. Dask arrays go
+through :mod:`._dask`, which runs each chunk through a launch prepared for the chunk's library.
 
 Each step reads shapes, dtypes and devices only, except where values live on the host (see
 :mod:`._positions`): there they may choose a cached table or the frequencies of a sequence length.
@@ -14,88 +15,20 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from . import _dask
-from ._checks import check_input, check_out, check_tables, check_writable, normalize_seq_axis
-from ._compat import check_same_device, dynamo_hands_on, is_array
-from ._context import CallContext, call_context, inspect_call, make_context
+from ._checks import check_input, check_out, check_tables, normalize_seq_axis
+from ._compat import dynamo_hands_on
+from ._context import CallContext, call_context
 from ._dtypes import compute_dtype, isdtype
 from ._handle import Handle
-from ._job import Job, key_prefix, make_job
+from ._job import make_job
 from ._layout import normalize_layout
-from ._memo import Memo
+from ._plan import launch_of, make_plan, signature
 from ._positions import position_spec
-from ._registry import Switch, current_switch, run, use_fast_paths
+from ._registry import Switch, current_switch, use_fast_paths
 from ._rotary import Rotary
-from ._tables import GivenTables, PositionTables, XPosTables
+from ._tables import GivenTables, PositionTables
 
 __all__ = ["apply", "cos_sin", "rope_call"]
-
-
-class CallPlan:
-    """What a call's array types, dtypes, ranks, devices and flags decide, checked once: the
-    context and per array its sequence axis, compute dtype and key prefix. Kept per signature
-    where working it out is the larger part of a small call (NumPy, torch), never while traced."""
-
-    __slots__ = ("arrays", "ctx")
-
-    def __init__(self, ctx: CallContext, arrays: tuple[tuple[str, int, Any, tuple[Any, ...]], ...]) -> None:
-        self.ctx, self.arrays = ctx, arrays  # (arg, axis, compute dtype, key prefix) per array
-
-
-_plans: Memo[CallPlan] = Memo()
-
-
-_SIGNED = frozenset({"numpy", "torch"})  # plans for other libraries are made per call
-
-
-def call_plan(
-    arrays: list[tuple[str, Any]],
-    extra: list[tuple[str, Any]],
-    *,
-    seq_axis: Any,
-    layout: Any,
-    inplace: bool,
-    head_dim: int,
-) -> CallPlan:
-    """The plan for these arrays (``extra``: position arrays, of the same library), from ranks,
-    dtypes, devices and widths only. The memo's key holds everything the checks read, the type
-    of ``seq_axis`` included, so no call skips a check it would fail."""
-    # grad from every array: positions and offsets are integers, which never require grad
-    xp, library, traced, grad = inspect_call(arrays[0], (*arrays[1:], *extra), None, all_arrays=True)
-    key = None
-    if not traced and library in _SIGNED:
-        signature: tuple[Any, ...] = (library, type(seq_axis), seq_axis, layout, inplace, grad, head_dim)
-        for _, x in arrays:
-            if library == "numpy":
-                signature += (x.dtype, x.ndim, x.shape[-1])
-            else:
-                signature += (x.dtype, x.ndim, x.shape[-1], x.device, x.layout)
-        key = signature
-        found = _plans.find(key)
-        if found is not None:
-            return found
-    for arg, x in arrays:
-        check_input(xp, x, arg=arg, head_dim=head_dim)
-    ctx = make_context(xp, arrays[0][1], traced, grad)
-    check_same_device(xp, ctx.device, "q", **dict(arrays[1:]))
-    plan = CallPlan(
-        ctx,
-        tuple(
-            (arg, normalize_seq_axis(seq_axis, x.ndim, arg=arg), compute_dtype(xp, x.dtype),
-             key_prefix(ctx, x.dtype, layout, inplace))
-            for arg, x in arrays
-        ),
-    )  # fmt: skip
-    return plan if key is None else _plans.keep(key, plan)
-
-
-def _arrays_given(positions: Any, offset: Any) -> list[tuple[str, Any]]:
-    given = []
-    if positions is not None and is_array(positions):
-        given.append(("positions", positions))
-    if type(offset) is not int and is_array(offset):
-        given.append(("offset", offset))
-    return given
 
 
 def rope_call(
@@ -108,7 +41,14 @@ def rope_call(
     inplace: bool,
     inverse: bool = False,
 ) -> Any:
-    """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=..., inverse=...)``."""
+    """``rope(q, k, positions=..., offset=..., seq_axis=..., inplace=..., inverse=...)``: a lookup
+    of the plan of the call's signature and its run, or where there is none, the checks of every
+    argument and a new plan (see :mod:`._plan`)."""
+    key = signature(q, k, positions, offset, seq_axis, inplace, inverse)
+    if key is not None:
+        plan = rotary.plans.find(key)
+        if plan is not None:
+            return plan.run(rotary, q, k, positions, offset)
     if not isinstance(inverse, bool):
         raise TypeError(
             f"inverse must be True (turn by minus the angles, undoing a rotation) or False, not {inverse!r}"
@@ -134,52 +74,8 @@ def rope_call(
         out = hand_on(_HANDED_ON, rotary.handle, q, *handed, start, seq_axis, inverse, current_switch(True))
         if not refused():
             return out
-    arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
-    plan = call_plan(
-        arrays, _arrays_given(positions, offset), seq_axis=seq_axis, layout=rotary.layout, inplace=inplace,
-        head_dim=rotary.head_dim,
-    )  # fmt: skip
-    ctx = plan.ctx
-    spec = position_spec(
-        ctx.xp,
-        ctx.env,
-        positions,
-        offset,
-        traced=ctx.traced,
-        streams=rotary.streams,
-        per_axis=rotary.per_axis,
-    )
-    for (_, x), (arg, axis, _, _) in zip(arrays, plan.arrays, strict=True):
-        spec.check(x, arg, axis)
-    if inplace:
-        check_writable(ctx.xp, arrays, traced=ctx.traced)
-    seq = max(x.shape[axis] for (_, x), (_, axis, _, _) in zip(arrays, plan.arrays, strict=True))
-    source = PositionTables(rotary, ctx, spec, seq)
-    sources: list[Any] = [source] * len(arrays)
-    if rotary.xpos_scale_base is not None:
-        if k is None:
-            raise ValueError("an xPos RoPE scales q and k oppositely: call rope(q, k) with both")
-        sources = [XPosTables(source, 1.0), XPosTables(source, -1.0)]
-    # clockwise turns by -angle, as inverse does: both together turn by +angle
-    jobs = [
-        make_job(
-            ctx,
-            x,
-            arg=arg,
-            seq_axis=axis,
-            layout=rotary.layout,
-            inverse=rotary.clockwise is not inverse,
-            out=x if inplace else None,
-            source=array_source,
-            compute=compute,
-            prefix=prefix,
-        )
-        for (_, x), (arg, axis, compute, prefix), array_source in zip(
-            arrays, plan.arrays, sources, strict=True
-        )
-    ]
-    out = _run(jobs)
-    return out[0] if k is None else (out[0], out[1])
+    plan, source = make_plan(rotary, q, k, positions, offset, seq_axis, inplace, inverse, keep=key)
+    return plan.run_with(source, q, k)
 
 
 # An offset this far from 0 leaves room for any sequence within int32: past it, the eager path
@@ -267,13 +163,6 @@ def _jax_compiled(rotary: Rotary, seq_axis: int, inverse: bool) -> Any:
     return found
 
 
-def _run(jobs: list[Job]) -> list[Any]:
-    switch = current_switch(jobs[0].ctx.traced)
-    if jobs[0].ctx.library == "dask.array" and switch is not False:
-        return [_dask.rotate_chunks(job, switch) for job in jobs]  # chunk by chunk, through this path
-    return run(jobs, switch)
-
-
 def apply(
     x: Any,
     cos: Any,
@@ -347,12 +236,12 @@ def rotate_by_tables(
     sin: Any,
     work: Any,
 ) -> Any:
-    """Rotate checked ``x`` by checked tables in its compute dtype ``work``."""
+    """Rotate checked ``x`` by checked tables in its compute dtype ``work`` (a plan used once)."""
+    source = GivenTables(cos, sin, grad=ctx.grad)
     job = make_job(
-        ctx, x, arg=arg, seq_axis=axis, layout=layout, inverse=inverse, out=out,
-        source=GivenTables(cos, sin, grad=ctx.grad), compute=work,
-    )  # fmt: skip
-    return _run([job])[0]
+        ctx, x, arg=arg, seq_axis=axis, layout=layout, inverse=inverse, out=out, source=source, compute=work
+    )
+    return launch_of((job,), shared=False)(x, out, source)
 
 
 def cos_sin(rotary: Rotary, positions: Any, like: Any) -> tuple[Any, Any]:

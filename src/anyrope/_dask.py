@@ -11,8 +11,9 @@ axis alone, and the result split back, so the output has x's chunks. Length-depe
 (DynamicNTK, LongRoPE) takes its frequencies from ``max(positions) + 1`` over every block: the
 maximum is a lazy reduction handed to each block (or known on the host).
 
-A front end, not a kernel: the call path hands it a dask job, and each block runs later (perhaps
-in another thread or process) as a job of its own, under the kernel switch of the call.
+A front end, not a kernel: a call's plan takes its launch from here for dask arrays, and each
+block runs later (perhaps in another thread or process) through a launch prepared for the
+block, under the kernel switch of the call.
 """
 
 from __future__ import annotations
@@ -25,19 +26,33 @@ from ._context import call_context
 from ._dtypes import compute_dtype
 from ._job import Job, make_job
 from ._positions import MultiAxis, position_spec
-from ._registry import Switch, choose, run
+from ._registry import Switch, choose, prepare
 from ._rotary import Rotary
 from ._tables import GivenTables, PositionTables, XPosTables
 
-__all__ = ["rotate_chunks"]
+__all__ = ["prepare_chunked", "rotate_chunks"]
 
 
-def rotate_chunks(job: Job, switch: Switch) -> Any:
-    """``job``'s dask array rotated lazily, chunk by chunk; a kernel the switch names must take
-    the chunks, which is asked now, before the graph is built."""
+def prepare_chunked(jobs: tuple[Job, ...], switch: Switch) -> Any:
+    """The launch of a call's dask jobs (as :func:`anyrope._registry.prepare` gives it: one
+    array's, or q and k's), each array rotated lazily, chunk by chunk."""
+    if len(jobs) == 1:
+        (job,) = jobs
+        return lambda x, out, source: rotate_chunks(job, x, source, switch)  # noqa: ARG005 - no out=
+    q, k = jobs
+
+    def both(x: Any, y: Any, out_x: Any, out_y: Any, source_x: Any, source_y: Any) -> tuple[Any, Any]:  # noqa: ARG001
+        return rotate_chunks(q, x, source_x, switch), rotate_chunks(k, y, source_y, switch)
+
+    return both
+
+
+def rotate_chunks(job: Job, x: Any, source: Any, switch: Switch) -> Any:
+    """Dask array ``x`` of ``job`` rotated lazily, chunk by chunk, by ``source``; a kernel the
+    switch names must take the chunks, which is asked now, before the graph is built."""
     if switch is not True:
-        choose(_chunk_job(job), switch)
-    x, seq_axis = job.x, job.seq_axis
+        choose(_chunk_job(job, x, source), switch)
+    seq_axis = job.seq_axis
     unknown = [axis for axis, sizes in enumerate(x.chunks) if any(math.isnan(size) for size in sizes)]
     if unknown:
         raise ValueError(
@@ -47,7 +62,6 @@ def rotate_chunks(job: Job, switch: Switch) -> Any:
     work = x.rechunk({x.ndim - 1: -1}) if len(x.chunks[-1]) > 1 else x  # a pair spans the features
     at = x.ndim + seq_axis
     axes = tuple(range(x.ndim))
-    source = job.source
     if isinstance(source, GivenTables):
         out = _with_tables(job, work, at, axes, source, switch)
     elif isinstance(source, XPosTables):
@@ -57,12 +71,11 @@ def rotate_chunks(job: Job, switch: Switch) -> Any:
     return out if work is x else out.rechunk(x.chunks)
 
 
-def _chunk_job(job: Job) -> Job:
+def _chunk_job(job: Job, x: Any, source: Any) -> Job:
     """A job like each chunk's: x's meta array (an empty array of the chunks' library) with the
     positions a block gets, explicit ones at fixed frequencies, or the caller's tables."""
-    meta = job.x._meta
+    meta = x._meta
     ctx = call_context(("x", meta))
-    source: Any = job.source
     if not isinstance(source, (GivenTables, XPosTables)):
         kind = "multi-axis" if source.kind == "multi-axis" else "positions"
         source = _ChunkPositions(kind, source.unsigned64)
@@ -183,7 +196,7 @@ def _rotate_block(
         ctx, block, arg="x", seq_axis=seq_axis, layout=layout, inverse=inverse, out=None, source=source,
         compute=compute_dtype(xp, block.dtype),
     )  # fmt: skip
-    return run([job], switch)[0]
+    return prepare((job,), switch, shared=False)(block, None, source)
 
 
 def _apply_block(
@@ -194,8 +207,9 @@ def _apply_block(
     xp = ctx.xp
     compute = compute_dtype(xp, block.dtype)
     cos, sin = xp.astype(cos, compute, copy=False), xp.astype(sin, compute, copy=False)
+    source = GivenTables(cos, sin, grad=False)
     job = make_job(
-        ctx, block, arg="x", seq_axis=seq_axis, layout=layout, inverse=inverse, out=None,
-        source=GivenTables(cos, sin, grad=False), compute=compute,
+        ctx, block, arg="x", seq_axis=seq_axis, layout=layout, inverse=inverse, out=None, source=source,
+        compute=compute,
     )  # fmt: skip
-    return run([job], switch)[0]
+    return prepare((job,), switch, shared=False)(block, None, source)

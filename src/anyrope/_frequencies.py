@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,27 +11,31 @@ from ._args import shown
 from ._memo import Memo
 from .scaling import Scaling
 
-__all__ = ["LengthSwitch", "PairFrequencies", "Spectrum"]
+__all__ = ["LengthSwitch", "PairFrequencies", "Spectrum", "frequencies"]
 
 
 class PairFrequencies:
-    """One set of per-pair frequencies and the table scale, hashable; the hash is computed once, as keys are built per call."""
+    """One set of per-pair frequencies and the table scale. Made only by :func:`frequencies`,
+    which hands out one object per set of values: equal frequencies of two RoPEs share cached
+    tables, and a cache key hashes them by identity, in C (a ``__hash__`` of its own would cost
+    every call that looks a table up a Python frame)."""
 
-    __slots__ = ("_hash", "inv_freq", "scale")
+    __slots__ = ("__weakref__", "inv_freq", "scale")
 
     def __init__(self, inv_freq: tuple[float, ...], scale: float) -> None:
         self.inv_freq, self.scale = inv_freq, scale
-        self._hash = hash((inv_freq, scale))
 
-    def __hash__(self) -> int:
-        return self._hash
 
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, PairFrequencies)
-            and self.inv_freq == other.inv_freq
-            and self.scale == other.scale
-        )
+_made: weakref.WeakValueDictionary[tuple[tuple[float, ...], float], PairFrequencies] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def frequencies(inv_freq: tuple[float, ...], scale: float) -> PairFrequencies:
+    """The one :class:`PairFrequencies` of these values (while any is alive)."""
+    key = (inv_freq, scale)
+    found = _made.get(key)
+    return found if found is not None else _made.setdefault(key, PairFrequencies(inv_freq, scale))
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ class Spectrum:
         if self.frequency_scale is not None:  # the one place the scale meets host frequencies
             # (not strict: the overflow above leaves one inf, which the check below reports)
             inv_freq = tuple(float(f) * s for f, s in zip(inv_freq, self.frequency_scale, strict=False))
-        freqs = PairFrequencies(tuple(float(f) for f in inv_freq), float(scale))
+        freqs = frequencies(tuple(float(f) for f in inv_freq), float(scale))
         # Each value was checked alone; together they may still leave float's range. (Signs are
         # the method's own: the mlx-lm integration's stored frequencies turn inverse= by -theta.)
         if not all(math.isfinite(f) for f in (*freqs.inv_freq, freqs.scale)):
@@ -142,8 +147,7 @@ class Spectrum:
         return self._by_length.get(seq_len, lambda: self._at(seq_len))
 
     def _at(self, seq_len: int) -> PairFrequencies:
-        found = self._compute(seq_len)
-        return self.original if found == self.original else found
+        return self._compute(seq_len)  # the original's object where they are equal (see frequencies)
 
     def for_call(self, length: int | None) -> PairFrequencies | LengthSwitch:
         """For a call whose ``max(positions) + 1`` is ``length`` if known on the host, else None."""

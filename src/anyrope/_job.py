@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeAlias
 
 from ._arrays import is_installed
 from ._compat import TRACERS, is_c_contiguous, tracer
@@ -18,7 +18,20 @@ from ._dtypes import dtype_name
 from ._layout import Layout
 
 __all__ = [
-    "ANY", "SOURCES", "Job", "Kernel", "KernelKey", "TableSource", "key_prefix", "make_job", "turn_alike",
+    "ANY",
+    "INTO",
+    "IN_PLACE",
+    "NEW",
+    "SOURCES",
+    "Job",
+    "Kernel",
+    "KernelKey",
+    "Launch",
+    "PairLaunch",
+    "TableSource",
+    "key_prefix",
+    "make_job",
+    "turn_alike",
 ]  # fmt: skip
 
 #: Where a job's angles come from: an int offset, one offset per row (or a 0-d array), explicit
@@ -56,7 +69,7 @@ def key_prefix(ctx: CallContext, dtype: Any, layout: Layout, inplace: bool) -> t
 
 
 class TableSource(Protocol):
-    """The angles of a job's array, as tables or as a fused kernel forms them."""
+    """The angles of a call's array, as tables or as a fused kernel forms them."""
 
     kind: str  # one of SOURCES
     device_frequencies: bool  # frequencies chosen on the device
@@ -81,35 +94,36 @@ class TableSource(Protocol):
         by side (an eager call, or tables that differ per array)."""
 
 
-# Not frozen: a frozen dataclass sets each field through object.__setattr__, a tenth of a small
-# call's time; nothing writes a job after make_job.
-@dataclass(slots=True, kw_only=True)
+#: What a job's result is written into: a new array, x itself, or another array (``apply``'s out=).
+NEW, IN_PLACE, INTO = "new", "in place", "into"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Job:
-    """One array to rotate. ``out``: where to write (x itself in place), or None for a new array;
-    ``inverse``: turn by the negated angles; ``compute``: the dtype the rotation is done in."""
+    """One array of a call signature, as a kernel prepares its launch: nothing here is a value.
+    ``writes``: NEW, IN_PLACE or INTO; ``inverse``: turn by the negated angles; ``compute``: the
+    dtype the rotation is done in; ``shape``: the array's (symbolic where traced)."""
 
     ctx: CallContext
-    x: Any
     arg: str
     seq_axis: int
     layout: Layout
     inverse: bool
-    out: Any
-    source: Any  # a TableSource
+    writes: str
     compute: Any
     key: KernelKey
+    shape: tuple[Any, ...]
 
-    def tables(self) -> tuple[Any, Any]:
-        return self.source.tables(self.x.shape[self.seq_axis], self.compute)  # type: ignore[no-any-return]
+    @property
+    def seq(self) -> Any:
+        return self.shape[self.seq_axis]
 
-    def lookup(self) -> tuple[Any, Any] | None:
-        return self.source.lookup(self.x.shape[self.seq_axis], self.compute)  # type: ignore[no-any-return]
 
-    def signed(self) -> tuple[Any, Any] | None:
-        return self.source.signed(self.x.shape[self.seq_axis], self.compute, self.layout)  # type: ignore[no-any-return]
-
-    def traced_side_by_side(self) -> Any:
-        return self.source.traced_side_by_side(self.x.shape[self.seq_axis], self.compute)
+#: A prepared launch of one array: ``launch(x, out, source)`` -> the rotated array (``out``: None,
+#: x itself, or the array to write into, as the job's ``writes`` says).
+Launch: TypeAlias = "Callable[[Any, Any, Any], Any]"
+#: A prepared launch of q and k: ``launch(q, k, out_q, out_k, source_q, source_k)`` -> (q, k).
+PairLaunch: TypeAlias = "Callable[[Any, Any, Any, Any, Any, Any], tuple[Any, Any]]"
 
 
 def make_job(
@@ -125,34 +139,37 @@ def make_job(
     compute: Any,
     prefix: tuple[Any, ...] | None = None,
 ) -> Job:
-    """A job and its key (``prefix``: :func:`key_prefix`'s part, where a call plan kept it)."""
+    """The job of array ``x`` written into ``out`` (None, x, or another array), and its key
+    (``prefix``: :func:`key_prefix`'s part, where the caller has it)."""
     if prefix is None:
         prefix = key_prefix(ctx, x.dtype, layout, out is not None)
     env = ctx.env
     # A traced length of 1 is an int (torch specialises sizes 0 and 1 even under dynamic=True),
     # and a symbolic one is known to be 2 or more: asking adds no guard.
     one_token = bool(x.shape[seq_axis] == 1)
-    key: KernelKey = tuple.__new__(KernelKey, (  # a NamedTuple's own _make, without its Python frame
+    key = KernelKey._make((
         *prefix, source.kind, source.device_frequencies, env.float64 and env.index_bits == 64,
         source.unsigned64, out is not None and not is_c_contiguous(ctx.xp, out), source.table_grad,
         tracer(ctx.xp, ctx.traced), one_token,
     ))  # fmt: skip
+    writes = NEW if out is None else IN_PLACE if out is x else INTO
     return Job(
-        ctx=ctx, x=x, arg=arg, seq_axis=seq_axis, layout=layout, inverse=inverse, out=out, source=source,
-        compute=compute, key=key,
+        ctx=ctx, arg=arg, seq_axis=seq_axis, layout=layout, inverse=inverse, writes=writes,
+        compute=compute, key=key, shape=tuple(x.shape),
     )  # fmt: skip
 
 
 def turn_alike(q: Job, k: Job) -> bool:
-    """Whether one launch can turn q and k: one source of angles, one dtype, layout and direction,
-    and both out of place or both in place (in place, they share no memory: checked before any
-    kernel runs). A kernel adds what its own launch needs besides."""
+    """Whether one launch can turn q and k of a call whose arrays share one source of angles:
+    one dtype, layout and direction, and both out of place or both in place (in place, they
+    share no memory: checked before any kernel runs). A kernel adds what its own launch needs
+    besides."""
     return (
-        q.source is k.source
-        and q.x.dtype == k.x.dtype
+        q.key.dtype == k.key.dtype
         and q.layout == k.layout
         and q.inverse == k.inverse
-        and ((q.out is None and k.out is None) or (q.out is q.x and k.out is k.x))
+        and q.writes == k.writes
+        and q.writes in (NEW, IN_PLACE)
     )
 
 
@@ -175,10 +192,14 @@ class Kernel:
     inplace: bool
     traceable: bool
     differentiable: bool
-    run: Callable[[Job], Any] = field(repr=False, compare=False)
+    # Its launch of one job, prepared once per call signature (see anyrope._plan).
+    prepare: Callable[[Job], Launch] = field(repr=False, compare=False)
     # Both arrays of a call (q and k) in one pass where it can: one launch instead of two, the
-    # larger part of a GPU decode step's time. Given only jobs that it takes, one by one.
-    run_pair: Callable[[Job, Job], tuple[Any, Any]] | None = field(default=None, repr=False, compare=False)
+    # larger part of a GPU decode step's time. Given two jobs it takes that share a source of
+    # angles; None where it launches them apart.
+    prepare_pair: Callable[[Job, Job], PairLaunch | None] | None = field(
+        default=None, repr=False, compare=False
+    )
     requires: tuple[str, ...] = ()
     sources: frozenset[str] = ANY
     device_frequencies: bool = True

@@ -21,7 +21,16 @@ from ._job import Job, Kernel, KernelKey
 from ._kernels import REGISTRY
 from ._memo import Memo
 
-__all__ = ["Switch", "choose", "current_switch", "fast_paths_enabled", "kernels", "use_fast_paths"]
+__all__ = [
+    "Switch",
+    "choose",
+    "current_switch",
+    "fast_paths_enabled",
+    "kernels",
+    "prepare",
+    "switch_now",
+    "use_fast_paths",
+]
 
 #: What ``use_fast_paths`` sets: every kernel (True), the generic one only (False), one
 #: registered kernel by name, or a Kernel object (a test's stand-in for a registered one).
@@ -37,6 +46,8 @@ def kernels() -> tuple[Kernel, ...]:
 # read while tracing (it cannot trace ContextVar.get).
 _switch: ContextVar[Switch] = ContextVar("anyrope_kernels", default=True)
 _mirror = threading.local()
+#: The switch of an eager call, read with no Python frame (a call plan's signature holds it).
+switch_now = _switch.get
 
 
 def current_switch(traced: bool) -> Switch:
@@ -144,15 +155,23 @@ def choose(job: Job, switch: Switch) -> Kernel:
     raise ValueError(f"kernel {forced.name!r} cannot rotate {job.arg} here: {forced.why_not(job.key)}")
 
 
-def run(jobs: list[Job], switch: Switch) -> list[Any]:
-    """Run each job through its kernel (chosen under ``switch``), every kernel chosen before any
-    runs; q and k together where one kernel took both and rotates pairs."""
-    chosen = []
-    for job in jobs:
-        chosen.append(choose(job, switch))
-    if len(jobs) == 2 and chosen[0] is chosen[1] and chosen[0].run_pair is not None:
-        return list(chosen[0].run_pair(*jobs))
-    results = []
-    for kernel, job in zip(chosen, jobs, strict=True):
-        results.append(kernel.run(job))
-    return results
+def prepare(jobs: tuple[Job, ...], switch: Switch, *, shared: bool) -> Any:
+    """The launch of a call's jobs: every kernel chosen (under ``switch``) before any is prepared.
+    One job: its kernel's :data:`anyrope._job.Launch`. Two (q and k): a
+    ``launch(q, k, out_q, out_k, source_q, source_k)``, one launch where one kernel took both,
+    ``shared`` says they turn by one source of angles and the kernel pairs them."""
+    chosen = tuple(choose(job, switch) for job in jobs)
+    if len(jobs) == 1:
+        return chosen[0].prepare(jobs[0])
+    q, k = jobs
+    first, second = chosen
+    if shared and first is second and first.prepare_pair is not None:
+        together = first.prepare_pair(q, k)
+        if together is not None:
+            return together
+    launch_q, launch_k = first.prepare(q), second.prepare(k)
+
+    def apart(x: Any, y: Any, out_x: Any, out_y: Any, source_x: Any, source_y: Any) -> tuple[Any, Any]:
+        return launch_q(x, out_x, source_x), launch_k(y, out_y, source_y)
+
+    return apart

@@ -5,10 +5,12 @@ holds one; everything below the public API reads this instead of the RoPE object
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ._frequencies import Spectrum
 from ._handle import Handle
 from ._layout import Layout
+from ._memo import Memo
 from ._sections import Sections
 from .scaling import Scaling
 
@@ -32,10 +34,21 @@ class Rotary:
     spectrum: Spectrum
 
     handle: Handle[Rotary] = field(init=False, repr=False)
+    #: the plans of its calls, one per call signature (see anyrope._plan): made by a call, read by
+    #: the later ones; never pickled or copied (they hold prepared launches)
+    plans: Memo[Any] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # what code run as plain Python under a tracer reaches this rotary by (see ._handle)
         object.__setattr__(self, "handle", Handle(self))
+        object.__setattr__(self, "plans", Memo(64))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: value for name, value in self.__dict__.items() if name != "plans"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "plans", Memo(64))
 
     # Worked out from the sections, not kept as int fields: dynamo makes an int attribute that
     # differs between compiled calls symbolic, and these choose shapes and error messages.

@@ -27,7 +27,8 @@ from ._xpos import xpos_scale
 from .scaling import exponents
 
 __all__ = [
-    "GivenTables", "PositionTables", "XPosTables", "prefix_tables", "scaled", "side_by_side", "signed_sin",
+    "GivenTables", "PositionTables", "TableFacts", "XPosTables", "prefix_tables", "scaled", "side_by_side",
+    "signed_sin",
 ]  # fmt: skip
 
 _KINDS = {Offset: "offset", ArrayOffset: "row-offsets", Positions: "positions", MultiAxis: "multi-axis"}
@@ -143,20 +144,67 @@ def _once(made: list[tuple[Any, Any, Any]], seq: int, dtype: Any, make: Callable
     return value
 
 
+class TableFacts:
+    """What the tables of a RoPE's calls in one context and position form are, before any value:
+    made once per call plan (see anyrope._plan), shared by its calls' :class:`PositionTables`.
+    ``keys``: the table cache's key of each (dtype, form) of the fixed frequencies' prefix
+    tables, worked out once (hashing the frequencies costs a call)."""
+
+    __slots__ = ("cacheable", "ctx", "fixed", "keys", "kind", "plain", "rotary", "steps")
+
+    def __init__(self, rotary: Rotary, ctx: CallContext, kind: str, multi_axis: bool) -> None:
+        self.rotary, self.ctx, self.kind = rotary, ctx, kind
+        spectrum = rotary.spectrum
+        self.fixed = spectrum.static if spectrum.switch is None else None  # one set for every call
+        # whether the tables are rows of the plain spectrum's table (cached per position)
+        self.plain = not multi_axis and rotary.plain_order
+        self.cacheable = self.plain and not ctx.traced and not ctx.env.lazy
+        self.keys: dict[tuple[Any, str], tuple[Any, ...]] = {}
+        self.steps: dict[tuple[PairFrequencies, bool], tuple[Any, Any]] = {}
+
+    def fused_steps(self, freqs: PairFrequencies, multi: bool) -> tuple[Any, Any]:
+        """The fused kernels' steps of ``freqs`` (see :func:`device_steps`), found once per plan."""
+        found = self.steps.get((freqs, multi))
+        if found is None:
+            found = self.steps[freqs, multi] = device_steps(self.ctx, self.rotary, freqs, multi=multi)
+        return found
+
+    def key(self, freqs: PairFrequencies, dtype: Any, form: str) -> tuple[Any, ...]:
+        """The table cache's key of the prefix tables of ``freqs`` in ``dtype`` and ``form``."""
+        if freqs is not self.fixed:
+            return (freqs, self.ctx.env, dtype, form)
+        found = self.keys.get((dtype, form))
+        if found is None:
+            found = self.keys[dtype, form] = (
+                freqs,
+                self.ctx.env,
+                dtype,
+                form,
+            )  # env: one per library and device
+        return found
+
+
 class PositionTables:
     """The tables of a RoPE call's positions, for each sequence length and dtype, made once per call."""
 
     table_grad = False
 
-    def __init__(self, rotary: Rotary, ctx: CallContext, spec: PositionSpec, seq: int) -> None:
-        self.rotary, self.ctx, self.spec, self.seq = rotary, ctx, spec, seq
-        self.kind = _KINDS[type(spec)]
+    def __init__(
+        self, rotary: Rotary, ctx: CallContext, spec: PositionSpec, seq: int, facts: TableFacts | None = None
+    ) -> None:
+        if facts is None:
+            facts = TableFacts(rotary, ctx, _KINDS[type(spec)], isinstance(spec, MultiAxis))
+        self.rotary, self.ctx, self.spec, self.seq, self.facts = rotary, ctx, spec, seq, facts
+        self.kind, self.plain = facts.kind, facts.plain
         self.host = None if ctx.traced else spec.host_range(seq)  # over the longest array
-        self.freqs = rotary.spectrum.for_call(None if self.host is None else self.host[1] + 1)
-        self.device_frequencies = isinstance(self.freqs, LengthSwitch)
+        fixed = facts.fixed
+        self.freqs = (
+            fixed
+            if fixed is not None
+            else rotary.spectrum.for_call(None if self.host is None else self.host[1] + 1)
+        )
+        self.device_frequencies = fixed is None and isinstance(self.freqs, LengthSwitch)
         self.unsigned64 = spec.unsigned64
-        # whether the tables are rows of the plain spectrum's table (cached per position)
-        self.plain = not isinstance(spec, MultiAxis) and rotary.plain_order
         self._made: list[tuple[Any, Any, Any]] = []  # (seq, dtype, tables): see _once
         self._sides: list[tuple[Any, Any, Any]] = []  # (seq, dtype, side-by-side table)
         self._lookups: dict[tuple[int, Any], tuple[Any, Any] | None] = {}
@@ -300,11 +348,16 @@ class PositionTables:
         """The cached prefix tables covering this call's positions, where they are known on the
         host, not negative, and rows of the plain spectrum serve them (``form``: see
         :func:`prefix_tables`)."""
-        if self.ctx.traced or not self.plain or self.ctx.env.lazy:
+        if not self.facts.cacheable:
             return None
         host = self.host if seq == self.seq else self.spec.host_range(seq)
         if host is None or host[0] < 0:
             return None
+        facts = self.facts
+        key = facts.keys.get((dtype, form)) if freqs is facts.fixed else None
+        found = table_cache.covering(key if key is not None else facts.key(freqs, dtype, form), host[1] + 1)
+        if found is not None:
+            return found
         ctx = self.ctx
         return prefix_tables(self.rotary, ctx.xp, ctx.env, freqs, host[1] + 1, dtype, form=form)
 
@@ -358,7 +411,7 @@ class PositionTables:
         """The cached prefix table of :func:`side_by_side` and host rows into it, where the
         positions are host-known and inside it: the CPU kernels then read each token's row
         directly, with no gathered copy."""
-        if self.device_frequencies or not self.plain or self.ctx.traced:
+        if self.device_frequencies or not self.facts.cacheable:
             return None
         key = (seq, dtype)  # q and k of one length share it
         if key in self._lookups:
@@ -384,7 +437,7 @@ class PositionTables:
         rotary, spec, xp = self.rotary, self.spec, self.ctx.xp
         pairs = len(rotary.pair_frequencies)
         # one position per token (1-D positions, offsets) puts every stream there: no stream lookup
-        steps, streams = device_steps(self.ctx, rotary, self.freqs, multi=isinstance(spec, MultiAxis))
+        steps, streams = self.facts.fused_steps(self.freqs, isinstance(spec, MultiAxis))
         common = {"steps": steps, "streams": streams, "scaled": self.freqs.scale != 1.0}
         if isinstance(spec, Offset):
             return KernelAngles(OFFSET, pairs, 1, start=spec.start, **common)

@@ -53,8 +53,8 @@ REGISTRY: tuple[Kernel, ...] = (
         inplace=True,
         traceable=True,
         differentiable=True,
-        run=triton_cuda.run,
-        run_pair=triton_cuda.run_pair,
+        prepare=triton_cuda.prepare,
+        prepare_pair=triton_cuda.prepare_pair,
         requires=("triton",),
         # Not torch.export: an exported program holding anyrope's op loads only where anyrope is
         # imported, ONNX has no such operator, and AOTInductor's package of it crashed at load
@@ -74,7 +74,7 @@ REGISTRY: tuple[Kernel, ...] = (
         inplace=True,
         traceable=False,
         differentiable=False,
-        run=cupy_cuda.run,
+        prepare=cupy_cuda.prepare,
         **FUSED,
     ),
     Kernel(
@@ -97,8 +97,8 @@ REGISTRY: tuple[Kernel, ...] = (
         # fixed cost (dispatch, NumPy views, waking numba's threads) took up to 2x inductor's code.
         traced_one_token=False,
         differentiable=True,
-        run=numba_cpu.run,
-        run_pair=numba_cpu.run_pair,
+        prepare=numba_cpu.prepare,
+        prepare_pair=numba_cpu.prepare_pair,
         requires=("numba",),
         strided_out=False,
         table_grad=False,
@@ -119,7 +119,7 @@ REGISTRY: tuple[Kernel, ...] = (
         differentiable=False,
         tracers=frozenset({"torch.compile"}),
         eager=False,
-        run=pair_words.run,
+        prepare=pair_words.prepare,
         # The caller's tables may be in any dtype, and the generic code rotates in theirs.
         sources=frozenset(SOURCES) - {"tables"},
     ),
@@ -133,7 +133,7 @@ REGISTRY: tuple[Kernel, ...] = (
         inplace=True,
         traceable=False,
         differentiable=False,
-        run=numpy_cpu.run_complex,
+        prepare=numpy_cpu.prepare_complex,
         strided_out=False,
     ),
     Kernel(
@@ -146,7 +146,7 @@ REGISTRY: tuple[Kernel, ...] = (
         inplace=True,
         traceable=False,
         differentiable=False,
-        run=numpy_cpu.run_blocked,
+        prepare=numpy_cpu.prepare_blocked,
         strided_out=False,
     ),
     Kernel(
@@ -159,7 +159,7 @@ REGISTRY: tuple[Kernel, ...] = (
         inplace=False,
         traceable=True,
         differentiable=True,
-        run=mlx_compiled.run,
+        prepare=mlx_compiled.prepare,
     ),
     Kernel(
         name="generic",
@@ -171,6 +171,6 @@ REGISTRY: tuple[Kernel, ...] = (
         inplace=True,
         traceable=True,
         differentiable=True,
-        run=generic.run,
+        prepare=generic.prepare,
     ),
 )

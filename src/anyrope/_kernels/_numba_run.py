@@ -7,13 +7,14 @@ the generic path.
 from __future__ import annotations
 
 import math
-from typing import Any, TypeAlias
+import operator
+from typing import Any
 
 from .._pairs import five_axes
 from .._tables import side_by_side
 from . import _numba
 
-__all__ = ["STORAGE", "host_view", "rows_of", "rows_of_table", "run_kernel", "run_kernels"]
+__all__ = ["STORAGE", "host_view", "launcher", "rows_of", "rows_of_table", "run_kernel", "run_kernels"]
 
 
 # How the kernel takes x of a declared dtype: 16-bit types as int16 bits, the others ("float") as is.
@@ -68,64 +69,117 @@ def run_kernels(
     inverse: bool,
 ) -> list[Any]:
     """One or two arrays (q and k), each given as (x, out, seq_axis), rotated in one launch at the
-    same table rows: the kernel's fixed cost (the launch, waking its threads) is paid once."""
-    import numpy as np
-
-    numpy = _is_numpy(arrays[0][0])  # else CPU torch tensors, and so are the tables
-    host_table = _table_view(table)
-    hosts = [host_view(x) for x, _, _ in arrays]
+    same table rows (the torch operator's and the autograd function's entry: an eager call's
+    plan keeps its :func:`launcher`)."""
     key = (
-        tuple((x.shape, seq_axis) for x, _, seq_axis in arrays),
-        rows.shape[0] > 1, host_table.dtype, hosts[0].dtype, kind, layout, inverse,
+        tuple((tuple(x.shape), seq_axis, out is None) for x, out, seq_axis in arrays),
+        x_dtype := arrays[0][0].dtype, _is_numpy(arrays[0][0]), kind, layout, inverse, table.dtype,
     )  # fmt: skip
-    launch = _launches.get(key)
+    launch = _launchers.get(key)
     if launch is None:
-        launch = _launch(key)
-    shapes5, kernel, sign, nothing = launch
-    operands: list[Any] = []
-    outs = []
-    for (x, out, _), host, shape5 in zip(arrays, hosts, shapes5, strict=True):
-        source = np.ascontiguousarray(host).reshape(shape5)
-        if out is None:  # a fresh NumPy buffer (wrapped for torch: a third of new_empty's cost)
-            buffer = np.empty(x.shape, dtype=source.dtype)
-            out = (
-                (buffer if buffer.dtype == x.dtype else buffer.view(x.dtype))
-                if numpy
-                else _as_tensor(x, buffer)
-            )
-            operands += (source, buffer.reshape(shape5), True)
-        else:
-            target = host_view(out).reshape(shape5)
-            operands += (source, target, not np.shares_memory(source, target))
-        outs.append(out)
-    if len(arrays) == 1:
-        operands += (nothing, nothing, False)
-    kernel(*operands, host_table, rows, sign)
-    return outs
+        if len(_launchers) >= 256:  # prefill lengths vary: keep the memo bounded
+            _launchers.clear()
+        launch = _launchers[key] = launcher(key[0], key[2], x_dtype, kind, layout, inverse, table.dtype)
+    xs, outs = [x for x, _, _ in arrays], [out for _, out, _ in arrays]
+    rotated: list[Any] = launch(xs, outs, table, rows)
+    return rotated
 
 
-# What a call's shapes, layout and dtypes decide, kept per key: the five-axis shapes, the compiled
-# kernel (on one thread or all, by size), the sign of sin in the tables' type, and an array of no
-# rows that stands for the second array of a call with one. Working it out costs a small call as
-# much as its rotation.
-_Launch: TypeAlias = "tuple[tuple[tuple[int, ...], ...], Any, Any, Any]"
-_launches: dict[tuple[Any, ...], _Launch] = {}
+_launchers: dict[tuple[Any, ...], Any] = {}
 
 
-def _launch(key: tuple[Any, ...]) -> _Launch:
+def launcher(
+    arrays: tuple[tuple[tuple[int, ...], int, bool], ...],
+    numpy: bool,
+    dtype: Any,
+    kind: str,
+    layout: str,
+    inverse: bool,
+    table_dtype: Any,
+) -> Any:
+    """A launch of the kernel on one or two arrays of ``dtype`` (NumPy's or torch's), each given
+    as (shape, seq_axis, new: whether it gets a new array), worked out once: what a call's
+    shapes, layout and dtypes decide (the five-axis shapes, the compiled kernel, on one thread or
+    all by size, the sign of sin in the tables' type, an array of no rows standing for the second
+    array of a call with one), which cost a small call as much as its rotation.
+    ``launch(xs, outs, table, rows)`` rotates each x into its out (None: a new array, x: in
+    place) at the rows ``rows`` (1 or batch, seq) names of a table of :func:`side_by_side`, and
+    returns the outs."""
     import numpy as np
 
-    arrays, batched, table_dtype, dtype, kind, layout, inverse = key
-    shapes5 = tuple(five_axes(tuple(shape), seq_axis, batched=batched) for shape, seq_axis in arrays)
     kernel = _numba.kernel(layout, kind)
-    if sum(math.prod(shape5) for shape5 in shapes5) < _PARALLEL_FROM:
+    if sum(math.prod(shape) for shape, _, _ in arrays) < _PARALLEL_FROM:
         kernel = _numba.on_one_thread(kernel)
-    sign = table_dtype.type(-1.0 if inverse else 1.0)  # the kernel multiplies in the tables' type
-    if len(_launches) >= 256:  # prefill lengths vary: keep the memo bounded
-        _launches.clear()
-    nothing = np.empty((0, 1, 1, 1, 0), dtype=dtype)
-    launch = _launches[key] = (shapes5, kernel, sign, nothing)
-    return launch
+    wide = "64" in str(table_dtype)
+    sign = (np.float64 if wide else np.float32)(-1.0 if inverse else 1.0)  # in the tables' type
+    bits = kind in STORAGE.values()  # 16-bit floats as int16 bits
+    host_dtype = np.int16 if bits else np.float64 if "64" in str(dtype) else np.float32
+    # the five-axis shapes with tables shared by the batch (rows of 1), and per batch row
+    forms = tuple(
+        tuple(five_axes(shape, seq_axis, batched=batched) for shape, seq_axis, _ in arrays)
+        for batched in (False, True)
+    )
+    shapes = [shape for shape, _, _ in arrays]
+    nothing = np.empty((0, 1, 1, 1, 0), dtype=host_dtype)
+    # How x, out and the table are seen by NumPy, and a new buffer becomes the result: C callables
+    # where they can be (no Python frame on a small call's path).
+    view: Any = _same if numpy and not bits else host_view if bits else _numpy_of
+    table_view: Any = np.ascontiguousarray if numpy else _contiguous_numpy_of
+    wrap: Any = (lambda buffer: buffer.view(dtype)) if numpy and bits else _same if numpy else None
+    if not numpy:
+        import torch
+
+        wrap = torch.from_numpy if not bits else lambda buffer: torch.from_numpy(buffer).view(dtype)
+    ascontiguous, empty, shares = np.ascontiguousarray, np.empty, np.shares_memory
+
+    if len(arrays) == 1:
+        ((shape, _, _),) = arrays
+
+        def one(xs: Any, outs: Any, table: Any, rows: Any) -> list[Any]:
+            (shape5,) = forms[rows.shape[0] > 1]
+            out = outs[0]
+            source = ascontiguous(view(xs[0])).reshape(shape5)
+            if out is None:  # a fresh NumPy buffer (wrapped for torch: a third of new_empty's cost)
+                buffer = empty(shape, dtype=host_dtype)
+                out, host, copy_tail = wrap(buffer), buffer.reshape(shape5), True
+            else:
+                host = view(out).reshape(shape5)
+                copy_tail = not shares(source, host)
+            kernel(source, host, copy_tail, nothing, nothing, False, table_view(table), rows, sign)
+            return [out]
+
+        return one
+
+    def two(xs: Any, outs: Any, table: Any, rows: Any) -> list[Any]:
+        results: list[Any] = []
+        operands: list[Any] = []
+        for x, out, shape, shape5 in zip(xs, outs, shapes, forms[rows.shape[0] > 1], strict=True):
+            source = ascontiguous(view(x)).reshape(shape5)
+            if out is None:
+                buffer = empty(shape, dtype=host_dtype)
+                out, host, copy_tail = wrap(buffer), buffer.reshape(shape5), True
+            else:
+                host = view(out).reshape(shape5)
+                copy_tail = not shares(source, host)
+            results.append(out)
+            operands += (source, host, copy_tail)
+        kernel(*operands, table_view(table), rows, sign)
+        return results
+
+    return two
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+_numpy_of = operator.methodcaller("numpy")  # a CPU tensor's memory as a NumPy array
+
+
+def _contiguous_numpy_of(table: Any) -> Any:
+    import numpy as np
+
+    return np.ascontiguousarray(table.numpy())
 
 
 def _int16() -> Any:
@@ -145,10 +199,3 @@ def _as_tensor(x: Any, buffer: Any) -> Any:
 # Below this many elements one thread is faster than waking the pool (measured in nox -s bench:
 # 1x8x16x64 takes 5 us on one thread, and a parallel launch costs 10 to 20 us with a busy core).
 _PARALLEL_FROM = 1 << 16
-
-
-def _table_view(table: Any) -> Any:
-    """A table as a contiguous NumPy array (of a torch table: a view of its memory)."""
-    import numpy as np
-
-    return np.ascontiguousarray(table if _is_numpy(table) else host_view(table))

@@ -30,10 +30,11 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .._angles import SPLIT_BITS
+from .._job import IN_PLACE, NEW
 from .._kernel_angles import POSITIONS, STARTS, TABLES, KernelAngles
 from .._pairs import five_axes
 
-__all__ = ["call_ops", "call_pair_ops"]
+__all__ = ["prepare", "prepare_pair"]
 
 HALF, INVERSE, SCALED = 1, 2, 4  # flags of a call
 
@@ -204,9 +205,12 @@ class Angles(NamedTuple):
     flags: int
 
 
-def _launch(arrays: list[tuple[torch.Tensor, torch.Tensor]], angles: Angles, *, copy_tail: bool) -> None:
+def _launch(
+    arrays: list[tuple[torch.Tensor, torch.Tensor]], angles: Angles, *, copy_tail: bool, direct: bool
+) -> None:
     """Rotate each five-axis x into its five-axis out (x itself in place), one or two arrays in
-    one launch: the first array's programs, then the second's."""
+    one launch: the first array's programs, then the second's. ``direct``: an eager call
+    launches the kernel itself, not through ``wrap_triton``, which the ops need for tracing."""
     arrays = [(x, out) for x, out in arrays if x.numel() != 0]
     if not arrays:
         return
@@ -218,7 +222,9 @@ def _launch(arrays: list[tuple[torch.Tensor, torch.Tensor]], angles: Angles, *, 
     widest = 2048 // pairs_p2
     seqs = [x.shape[2] for x, _ in arrays]
     lanes = [x.shape[1] * x.shape[3] for x, _ in arrays]  # heads times trail
-    static = all(isinstance(n, int) for n in (*seqs, *lanes))
+    static = True
+    for n in (*seqs, *lanes):
+        static = static and isinstance(n, int)
     block_s = max(1, min(triton.next_power_of_2(max(seqs)), widest)) if static else widest
     group = min(8, max(lanes)) if static else 8
     programs = [
@@ -241,7 +247,7 @@ def _launch(arrays: list[tuple[torch.Tensor, torch.Tensor]], angles: Angles, *, 
     y, y_out = arrays[-1]  # x again where it is alone: its programs are all there are
     width = x.shape[4]
     with _one_launch_at_a_time:
-        wrap_triton(_rotate_kernel)[(sum(programs),)](
+        (_rotate_kernel if direct else wrap_triton(_rotate_kernel))[(sum(programs),)](
             x, out, y, y_out, *pointers,  # x where the mode reads nothing
             angles.start, width, programs[0], *shapes[0], *shapes[-1], *si, *sc,
             PAIRS=pairs, PAIRS_P2=pairs_p2, TAIL_P2=triton.next_power_of_2(max(1, width - 2 * pairs)),
@@ -253,9 +259,9 @@ def _launch(arrays: list[tuple[torch.Tensor, torch.Tensor]], angles: Angles, *, 
         )  # fmt: skip
 
 
-def _run(calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles) -> None:
+def _run(calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles, direct: bool = False) -> None:
     """Rotate each x into its out (which may be x), of any strides, given as (x, out, x's
-    sequence axis): one or two arrays of one dtype, in one launch."""
+    sequence axis): one or two arrays of one dtype, in one launch (``direct``: see _launch)."""
     arrays, copies = [], []
     for x, out, seq_axis in calls:
         out5 = _five(out, seq_axis)
@@ -271,7 +277,7 @@ def _run(calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles) ->
         arrays.append((x5, out5))
     # by identity, not by data pointer: a fake tensor has none
     in_place = not copies and all(x is out for x, out, _ in calls)
-    _launch(arrays, angles, copy_tail=not in_place)
+    _launch(arrays, angles, copy_tail=not in_place, direct=direct)
     for out, dense in copies:
         out.copy_(dense)
 
@@ -386,25 +392,72 @@ def _flags(job: Any, fused: KernelAngles) -> int:
     return flags | (SCALED if fused.scaled else 0)
 
 
-def call_ops(job: Any, fused: KernelAngles) -> Any:
-    """Run ``job`` through the ops: out of place, in place, or into ``job.out``."""
+def _angles(job: Any, fused: KernelAngles) -> Angles:
+    return Angles(
+        fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin, fused.mode, fused.pairs,
+        _flags(job, fused),
+    )  # fmt: skip
+
+
+def prepare(job: Any) -> Any:
+    """The launch of one job: an eager call that records no gradient launches the kernel itself
+    (the op layer, which torch.compile, torch.export and autograd need, costs an eager call
+    more than its launch); the others go through the ops."""
+    axis, writes = job.seq_axis, job.writes
+    if not job.key.tracer and not job.ctx.grad:
+
+        def direct(x: torch.Tensor, out: Any, source: Any) -> Any:
+            angles = _angles(job, source.kernel_angles(x, axis))
+            if writes == NEW:
+                out = torch.empty_like(x)
+            _run([(x, out, axis)], angles, direct=True)
+            return out
+
+        return direct
+
+    def through_ops(x: torch.Tensor, out: Any, source: Any) -> Any:
+        return _call_ops(job, x, out, source.kernel_angles(x, axis))
+
+    return through_ops
+
+
+def prepare_pair(q: Any, k: Any) -> Any:
+    """The launch of q and k of one source, dtype, layout and destination kind (both new arrays,
+    or both in place) in one kernel launch."""
+    x_axis, y_axis, new = q.seq_axis, k.seq_axis, q.writes == NEW
+    if not q.key.tracer and not q.ctx.grad:
+
+        def direct(
+            x: torch.Tensor, y: torch.Tensor, out_x: Any, out_y: Any, source: Any, _: Any
+        ) -> tuple[Any, Any]:
+            angles = _angles(q, source.kernel_angles(x, x_axis))
+            if new:
+                out_x, out_y = torch.empty_like(x), torch.empty_like(y)
+            _run([(x, out_x, x_axis), (y, out_y, y_axis)], angles, direct=True)
+            return out_x, out_y
+
+        return direct
+
+    def through_ops(x: torch.Tensor, y: torch.Tensor, out_x: Any, out_y: Any, source: Any, _: Any) -> Any:  # noqa: ARG001
+        fused = source.kernel_angles(x, x_axis)
+        angles = (fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin)
+        call = (*angles, fused.mode, fused.pairs, _flags(q, fused), x_axis, y_axis)
+        if new:
+            return torch.ops.anyrope.rotate_pair(x, y, *call)
+        torch.ops.anyrope.rotate_pair_(x, y, *call)
+        return x, y
+
+    return through_ops
+
+
+def _call_ops(job: Any, x: torch.Tensor, out: Any, fused: KernelAngles) -> Any:
+    """Run ``job`` through the ops: out of place, in place, or into ``out``."""
     angles = (fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin)
     call = (*angles, fused.mode, fused.pairs, _flags(job, fused), job.seq_axis)
-    if job.out is None:
-        return torch.ops.anyrope.rotate(job.x, *call)
-    if job.out is job.x:
-        torch.ops.anyrope.rotate_(job.x, *call)
-        return job.x
-    job.out.copy_(torch.ops.anyrope.rotate(job.x, *call))
-    return job.out
-
-
-def call_pair_ops(q: Any, k: Any, fused: KernelAngles) -> tuple[Any, Any]:
-    """Run two jobs with one source, dtype, layout and destination kind (both new arrays, or
-    both in place) through one op."""
-    angles = (fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin)
-    call = (*angles, fused.mode, fused.pairs, _flags(q, fused), q.seq_axis, k.seq_axis)
-    if q.out is None:
-        return torch.ops.anyrope.rotate_pair(q.x, k.x, *call)  # type: ignore[no-any-return]
-    torch.ops.anyrope.rotate_pair_(q.x, k.x, *call)
-    return q.x, k.x
+    if job.writes == NEW:
+        return torch.ops.anyrope.rotate(x, *call)
+    if job.writes == IN_PLACE:
+        torch.ops.anyrope.rotate_(x, *call)
+        return x
+    out.copy_(torch.ops.anyrope.rotate(x, *call))
+    return out

@@ -12,11 +12,11 @@ from importlib import resources
 from typing import Any
 
 from .._angles import SPLIT_BITS
-from .._job import Job
+from .._job import NEW, Job, Launch
 from .._kernel_angles import POSITIONS, STARTS, TABLES, KernelAngles
 from .._pairs import five_axes
 
-__all__ = ["BLOCK", "OPTIONS", "TYPES", "arguments", "run", "source"]
+__all__ = ["BLOCK", "OPTIONS", "TYPES", "arguments", "prepare", "source"]
 
 HALF, INVERSE, SCALED, COPY_TAIL, MULTI = 1, 2, 4, 8, 16  # rope.cu's Flag
 BLOCK = 128  # threads per block
@@ -105,17 +105,23 @@ def _function(dtype_name: str) -> Any:
     return _module.get_function(f"anyrope::rotate<{TYPES[dtype_name]}>")
 
 
-def run(job: Job) -> Any:
+def prepare(job: Job) -> Launch:
+    """The launch of one job: its compiled function found once, then per call the arguments of
+    the call's angles and arrays."""
     import cupy
 
-    angles = job.source.kernel_angles(job.x, job.seq_axis)
-    x, target = job.x, job.out
-    source_x = cupy.ascontiguousarray(x)  # the array itself where it already is
-    if target is None:
-        target = cupy.empty_like(source_x)
-    out = target if target.flags.c_contiguous else cupy.empty_like(source_x)
-    grid, block, args = arguments(job, angles, source_x, out)
-    _function(str(x.dtype))(grid, (block,), args)
-    if out is not target:
-        target[...] = out
-    return target
+    function, axis, new = _function(job.key.dtype), job.seq_axis, job.writes == NEW
+
+    def launch(x: Any, target: Any, source: Any) -> Any:
+        angles = source.kernel_angles(x, axis)
+        source_x = cupy.ascontiguousarray(x)  # the array itself where it already is
+        if new:
+            target = cupy.empty_like(source_x)
+        out = target if target.flags.c_contiguous else cupy.empty_like(source_x)
+        grid, block, args = arguments(job, angles, source_x, out)
+        function(grid, (block,), args)
+        if out is not target:
+            target[...] = out
+        return target
+
+    return launch

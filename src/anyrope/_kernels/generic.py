@@ -4,18 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._job import Job
+from .._job import NEW, Job, Launch
 from .._pairs import turn_pairs
 
-__all__ = ["run"]
+__all__ = ["prepare"]
 
 
-def run(job: Job) -> Any:
-    cos, sin = job.tables()
-    result = turn_pairs(
-        job.ctx.xp, job.x, cos, sin, layout=job.layout, inverse=job.inverse, seq_axis=job.seq_axis
+def prepare(job: Job) -> Launch:
+    xp, seq, compute, layout, inverse, axis = (
+        job.ctx.xp,
+        job.seq,
+        job.compute,
+        job.layout,
+        job.inverse,
+        job.seq_axis,
     )
-    if job.out is None:
-        return result
-    job.out[...] = result  # in place: the result is complete before anything is written
-    return job.out
+    new = job.writes == NEW
+
+    def launch(x: Any, out: Any, source: Any) -> Any:
+        cos, sin = source.tables(seq, compute)
+        result = turn_pairs(xp, x, cos, sin, layout=layout, inverse=inverse, seq_axis=axis)
+        if new:
+            return result
+        out[...] = result  # in place: the result is complete before anything is written
+        return out
+
+    return launch

@@ -20,11 +20,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._job import Job
+from .._job import Job, Launch
 from .._pairs import broadcast_table
 from .._tables import signed_sin
 
-__all__ = ["run"]
+__all__ = ["prepare"]
 
 _lock = threading.Lock()
 _compiled: dict[tuple[Any, ...], Callable[[Any, Any, Any], Any]] = {}  # at most 2 x 2 x a few axes
@@ -50,7 +50,7 @@ def _turn(mx: Any, x: Any, cos: Any, signed: Any, layout: str, inverse: bool, se
     return turned if rotary is x else mx.concatenate([turned, x[..., 2 * pairs :]], axis=-1)
 
 
-def run(job: Job) -> Any:
+def prepare(job: Job) -> Launch:
     key = (job.layout, job.inverse, job.seq_axis)
     fn = _compiled.get(key)
     if fn is None:
@@ -63,8 +63,13 @@ def run(job: Job) -> Any:
 
         with _lock:
             fn = _compiled.setdefault(key, mx.compile(turn))
-    found = job.signed()
-    if found is None:  # tables of this array alone
-        cos, sin = job.tables()
-        found = cos, signed_sin(job.ctx.xp, sin, job.layout)
-    return fn(job.x, *found)
+    xp, seq, compute, layout = job.ctx.xp, job.seq, job.compute, job.layout
+
+    def launch(x: Any, out: Any, source: Any) -> Any:  # noqa: ARG001 - MLX writes no array in place
+        found = source.signed(seq, compute, layout)
+        if found is None:  # tables of this array alone
+            cos, sin = source.tables(seq, compute)
+            found = cos, signed_sin(xp, sin, layout)
+        return fn(x, *found)
+
+    return launch

@@ -14,58 +14,88 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._job import Job, turn_alike
+from .._job import NEW, Job, Launch, PairLaunch, turn_alike
 from .._tables import side_by_side
-from ._numba_run import STORAGE, rows_of, run_kernel, run_kernels
+from ._numba_run import STORAGE, launcher, rows_of, run_kernel
 
-__all__ = ["run", "run_pair"]
+__all__ = ["prepare", "prepare_pair"]
 
 
-def run(job: Job) -> Any:
-    x = job.x
+def prepare(job: Job) -> Launch:
+    xp, seq, compute, layout, inverse, axis = (
+        job.ctx.xp,
+        job.seq,
+        job.compute,
+        job.layout,
+        job.inverse,
+        job.seq_axis,
+    )
     kind = STORAGE.get(job.key.dtype, "float")
     if job.key.tracer:  # torch.compile's, the one tracer it takes: its op, on the call's tables
         from . import _numba_op  # imports torch, which x came from
 
-        table = job.traced_side_by_side()  # one for q and k: kept rows, or stacked in the graph
-        if table is None:
-            table = side_by_side(job.ctx.xp, *job.tables())
-        rotated = _numba_op.rotate(x, table, kind, job.layout, job.inverse, job.seq_axis)
-        if job.out is None:
-            return rotated
-        job.out[...] = rotated
-        return job.out
-    table, rows = _rows(job)
-    out = job.out  # C-contiguous where given (declared), and the table in the compute dtype
+        def traced(x: Any, out: Any, source: Any) -> Any:
+            table = source.traced_side_by_side(seq, compute)  # one for q and k: kept rows, or stacked
+            if table is None:
+                table = side_by_side(xp, *source.tables(seq, compute))
+            rotated = _numba_op.rotate(x, table, kind, layout, inverse, axis)
+            if job.writes == NEW:
+                return rotated
+            out[...] = rotated
+            return out
+
+        return traced
     if job.ctx.grad:
-        return _autograd().apply(x, table, rows, kind, job.layout, job.inverse, job.seq_axis)
-    return run_kernel(x, table, rows, out, kind, job.layout, job.inverse, job.seq_axis)
+
+        def recorded(x: Any, out: Any, source: Any) -> Any:  # noqa: ARG001 - grad: never in place
+            table, rows = _rows(xp, source, seq, compute)
+            return _autograd().apply(x, table, rows, kind, layout, inverse, axis)
+
+        return recorded
+    # the destination is C-contiguous where given (declared), and the table in the compute dtype
+    run = launcher(((job.shape, axis, job.writes == NEW),), *_dtype(job), kind, layout, inverse, compute)
+
+    def launch(x: Any, out: Any, source: Any) -> Any:
+        found = source.lookup(seq, compute)
+        table, rows = found if found is not None else rows_of(xp, *source.tables(seq, compute))
+        return run((x,), (out,), table, rows)[0]
+
+    return launch
 
 
-def run_pair(q: Job, k: Job) -> tuple[Any, Any]:
+def prepare_pair(q: Job, k: Job) -> PairLaunch | None:
     """q and k in one launch where they turn alike (:func:`turn_alike`) over sequences of one
-    length; otherwise, and while traced or recording gradients, one launch each."""
-    x, y = q.x, k.x
-    together = (
-        not q.key.tracer
-        and not q.ctx.grad
-        and x.shape[q.seq_axis] == y.shape[k.seq_axis]
-        and turn_alike(q, k)
-    )
-    if not together:
-        return run(q), run(k)
-    table, rows = _rows(q)
-    arrays = ((x, q.out, q.seq_axis), (y, k.out, k.seq_axis))
-    kind = STORAGE.get(q.key.dtype, "float")
-    rotated_q, rotated_k = run_kernels(arrays, table, rows, kind, q.layout, q.inverse)
-    return rotated_q, rotated_k
+    length; None (one launch each) otherwise, and while traced or recording gradients."""
+    if q.key.tracer or q.ctx.grad or q.seq != k.seq or not turn_alike(q, k):
+        return None
+    xp, seq, compute = q.ctx.xp, q.seq, q.compute
+    arrays = ((q.shape, q.seq_axis, q.writes == NEW), (k.shape, k.seq_axis, k.writes == NEW))
+    run = launcher(arrays, *_dtype(q), STORAGE.get(q.key.dtype, "float"), q.layout, q.inverse, compute)
+
+    def launch(x: Any, y: Any, out_x: Any, out_y: Any, source: Any, _: Any) -> tuple[Any, Any]:
+        found = source.lookup(seq, compute)  # as _rows, without its frame
+        table, rows = found if found is not None else rows_of(xp, *source.tables(seq, compute))
+        rotated_x, rotated_y = run((x, y), (out_x, out_y), table, rows)
+        return rotated_x, rotated_y
+
+    return launch
 
 
-def _rows(job: Job) -> tuple[Any, Any]:
+def _dtype(job: Job) -> tuple[bool, Any]:
+    """Whether the job's arrays are NumPy's (else torch's), and its dtype as their library names
+    it (the launcher makes outputs of it)."""
+    if job.key.library == "numpy":
+        import numpy as np
+
+        return True, np.dtype(job.key.dtype)
+    return False, getattr(job.ctx.xp, job.key.dtype)
+
+
+def _rows(xp: Any, source: Any, seq: int, compute: Any) -> tuple[Any, Any]:
     """The table and each (batch row, token)'s row in it: the cached prefix table where the
     positions are host-known and inside it, else the call's own tables side by side."""
-    found = job.source.lookup(job.x.shape[job.seq_axis], job.compute)
-    return found if found is not None else rows_of(job.ctx.xp, *job.tables())
+    found = source.lookup(seq, compute)
+    return found if found is not None else rows_of(xp, *source.tables(seq, compute))
 
 
 _Function: Any = None

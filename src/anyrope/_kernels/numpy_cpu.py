@@ -9,22 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._job import Job
+from .._job import Job, Launch
 from .._pairs import five_axes
 
-__all__ = ["run_blocked", "run_complex"]
+__all__ = ["prepare_blocked", "prepare_complex"]
 
 _BLOCK_BYTES = 1 << 18  # blocks of about 256 KiB stay in L2 through the six steps
 
 
-def _prepare(job: Job) -> tuple[Any, Any, Any, Any, Any]:
+def _views(job: Job, x: Any, out: Any, source: Any) -> tuple[Any, Any, Any, Any, Any]:
     """x and its destination as (batch, lead, seq, trail, head_dim) views, (tb, seq, pairs) tables,
     and the array to return. Declared: float32 or float64 x, so the tables are in x's dtype, and
     a C-contiguous destination."""
     import numpy as np
 
-    x, out = job.x, job.out
-    cos, sin = job.tables()
+    cos, sin = source.tables(job.seq, job.compute)
     if out is None:
         out = np.empty(x.shape, dtype=x.dtype)
     if cos.ndim == 2:
@@ -34,10 +33,18 @@ def _prepare(job: Job) -> tuple[Any, Any, Any, Any, Any]:
     return source, out.reshape(shape5), np.ascontiguousarray(cos), np.ascontiguousarray(sin), out
 
 
-def run_complex(job: Job) -> Any:
+def prepare_complex(job: Job) -> Launch:
+    return lambda x, out, source: _complex(job, x, out, source)
+
+
+def prepare_blocked(job: Job) -> Launch:
+    return lambda x, out, source: _blocked(job, x, out, source)
+
+
+def _complex(job: Job, x: Any, out: Any, source: Any) -> Any:
     import numpy as np
 
-    x, target, cos, sin, result = _prepare(job)
+    x, target, cos, sin, result = _views(job, x, out, source)
     pairs = cos.shape[-1]
     ctype = np.complex64 if x.dtype == np.float32 else np.complex128
     phase = np.empty(cos.shape, dtype=ctype)
@@ -48,11 +55,11 @@ def run_complex(job: Job) -> Any:
     return result
 
 
-def run_blocked(job: Job) -> Any:
+def _blocked(job: Job, x: Any, out: Any, source: Any) -> Any:
     """Half layout in blocks; in place, each block's first half is kept aside before it is overwritten."""
     import numpy as np
 
-    x, out, cos, sin, result = _prepare(job)
+    x, out, cos, sin, result = _views(job, x, out, source)
     inverse, separate = job.inverse, not np.shares_memory(x, out)
     batch, lead, seq, trail, width = x.shape
     pairs = cos.shape[-1]

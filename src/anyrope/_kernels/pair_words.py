@@ -20,10 +20,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .._job import Job
+from .._job import NEW, Job, Launch
 from .._pairs import broadcast_table
 
-__all__ = ["run"]
+__all__ = ["prepare"]
 
 _NAN = 0x7FC0  # the quiet NaN c10 rounds every NaN to
 _LITTLE = sys.byteorder == "little"  # pair (a, b) has a in the low half of its word
@@ -53,16 +53,20 @@ def _float32_word(torch: Any, low: Any, high: Any) -> Any:
     return (as_int64[0] & 0xFFFFFFFF) | (as_int64[1] << 32)
 
 
-def run(job: Job) -> Any:
+def prepare(job: Job) -> Launch:
+    return lambda x, out, source: _run(job, x, out, source)
+
+
+def _run(job: Job, x: Any, out: Any, source: Any) -> Any:
     import torch
 
-    x, xp = job.x, job.ctx.xp
+    xp = job.ctx.xp
     word, halves, join = (
         (torch.int32, _bfloat16_halves, _bfloat16_word)
         if x.dtype == torch.bfloat16
         else (torch.int64, _float32_halves, _float32_word)
     )
-    cos, sin = job.tables()
+    cos, sin = source.tables(job.seq, job.compute)
     cos = broadcast_table(xp, cos, x.ndim, job.seq_axis)
     sin = broadcast_table(xp, sin, x.ndim, job.seq_axis)
     rotary_dim = 2 * cos.shape[-1]
@@ -75,7 +79,7 @@ def run(job: Job) -> Any:
         new_a, new_b = a * cos - b * sin, b * cos + a * sin
     turned = (join(torch, new_a, new_b) if _LITTLE else join(torch, new_b, new_a)).view(x.dtype)
     result = turned if rotary_dim == x.shape[-1] else torch.cat([turned, x[..., rotary_dim:]], dim=-1)
-    if job.out is None:
+    if job.writes == NEW:
         return result
-    job.out[...] = result  # in place: the result is complete before anything is written
-    return job.out
+    out[...] = result  # in place: the result is complete before anything is written
+    return out

@@ -7,28 +7,28 @@ test suite holds it to the generic path on a machine without a GPU.
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from .._job import Job, turn_alike
+from .._job import Job, Launch, PairLaunch, turn_alike
 
-__all__ = ["DEVICES", "run", "run_pair"]
+__all__ = ["DEVICES", "prepare", "prepare_pair"]
 
 #: CUDA (and ROCm, which torch also calls "cuda"); the CPU as well under Triton's interpreter
 DEVICES = frozenset({"cuda", "cpu"} if os.environ.get("TRITON_INTERPRET") == "1" else {"cuda"})
 
 
-def run(job: Job) -> Any:
+def prepare(job: Job) -> Launch:
     from . import _triton  # imports triton, an optional library: on first use
 
-    return _triton.call_ops(job, job.source.kernel_angles(job.x, job.seq_axis))
+    launch: Launch = _triton.prepare(job)
+    return launch
 
 
-def run_pair(q: Job, k: Job) -> tuple[Any, Any]:
-    """q and k in one launch where they turn alike (:func:`turn_alike`); otherwise one launch
-    each."""
+def prepare_pair(q: Job, k: Job) -> PairLaunch | None:
+    """q and k in one launch where they turn alike (:func:`turn_alike`); None (one launch each)
+    otherwise."""
+    if not turn_alike(q, k):
+        return None
     from . import _triton
 
-    together = turn_alike(q, k)
-    if not together:
-        return run(q), run(k)
-    return _triton.call_pair_ops(q, k, q.source.kernel_angles(q.x, q.seq_axis))
+    launch: PairLaunch = _triton.prepare_pair(q, k)
+    return launch

@@ -27,9 +27,10 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .._call import call_plan, cos_sin
+from .._call import cos_sin
 from .._compat import is_array
 from .._memo import Memo
+from .._plan import check_arrays
 from .._positions import position_spec
 from .._rope import RoPE, rotary_of
 from .._rotary import Rotary
@@ -97,12 +98,8 @@ def _checked(
     """(context, position spec, sequence axes) of a call, checked as ``rope(...)`` checks it,
     raising its errors."""
     given = [(arg, v) for arg, v in (("positions", positions), ("offset", offset)) if is_array(v)]
-    plan = call_plan(
-        arrays, given, seq_axis=seq_axis, layout=rotary.layout, inplace=False, head_dim=rotary.head_dim
-    )
-    ctx = plan.ctx
+    ctx, axes = check_arrays(arrays, given, seq_axis=seq_axis, head_dim=rotary.head_dim)
     spec = position_spec(ctx.xp, ctx.env, positions, offset, traced=ctx.traced, streams=rotary.streams)
-    axes = [axis for _, axis, _, _ in plan.arrays]
     for (arg, x), axis in zip(arrays, axes, strict=True):
         spec.check(x, arg, axis)
     return ctx, spec, axes
