@@ -53,6 +53,11 @@ class PositionSpec:
         """The positions as a (rows, seq) int64 NumPy array where they are known on the host, else None."""
         return None
 
+    def given(self) -> Any:
+        """The array of positions or offsets the call was given (not one made from Python ints),
+        or None."""
+        return None
+
     #: whether the positions were given as 64-bit unsigned integers (their wrap-around is the
     #: generic path's alone)
     unsigned64: bool = False
@@ -121,6 +126,10 @@ class GivenIntegers:
         self._range: tuple[int, int] | None = span
         self.unsigned64 = unsigned64  # a 64-bit unsigned array (Python ints become signed arrays)
 
+    def given(self) -> Any:
+        """The array the call was given, or None for Python ints (an array made from them is new)."""
+        return self._array if self._make is None else None
+
     def array(self) -> Any:
         """The integers as a device array of the call's library."""
         if self._array is None:
@@ -164,6 +173,9 @@ class ArrayOffset(PositionSpec):
         # the angles read the values as unsigned again (see _angles.index_positions).
         return xp.astype(positions, given.dtype) if unsigned else positions
 
+    def given(self) -> Any:
+        return self.start.given()
+
     def largest(self, xp: Any, env: Environment, seq: int) -> Any:
         start = _max(xp, _saturated(xp, env, self.start.array()))
         bound = xp.full((), 2 ** (env.index_bits - 1) - seq, dtype=env.index, device=env.device)
@@ -199,6 +211,9 @@ class Positions(PositionSpec):
     def positions(self, xp: Any, env: Environment, seq: int) -> Any:
         return self.values.array()
 
+    def given(self) -> Any:
+        return self.values.given()
+
     def host(self, seq: int) -> Any:
         known = self.values.known
         if known is None:
@@ -226,6 +241,9 @@ class MultiAxis(PositionSpec):
 
     def positions(self, xp: Any, env: Environment, seq: int) -> Any:
         return self.values.array()
+
+    def given(self) -> Any:
+        return self.values.given()
 
     def host_range(self, seq: int) -> tuple[int, int] | None:
         return self.values.span()

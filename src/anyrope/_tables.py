@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -215,13 +216,13 @@ class PositionTables:
         return _once(self._made, seq, dtype, lambda: self._make_tables(seq, dtype))  # type: ignore[no-any-return]
 
     def _make_tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
-        kept = self._traced_rows(seq, dtype, "cos", "sin") if self.ctx.traced else None
+        if not self.ctx.traced:
+            return _recent_tables(self, seq, dtype)
+        kept = self._traced_rows(seq, dtype, "cos", "sin")
         if kept is not None:
             return kept[0], kept[1]
-        found = self._tables(seq, dtype)
-        if self.ctx.traced:  # formed once, not again in the loop over each array's heads
-            found = keep_tables(self.ctx.xp, *found)
-        return found
+        # formed once, not again in the loop over each array's heads
+        return keep_tables(self.ctx.xp, *self._tables(seq, dtype))
 
     def traced_side_by_side(self, seq: int, dtype: Any) -> Any:
         """While traced, the call's table of :func:`side_by_side`, one for q and k: at an int
@@ -450,6 +451,40 @@ class PositionTables:
         if streams_first.ndim == 2:  # (streams, seq): shared by the batch
             streams_first = streams_first[:, None, :]
         return KernelAngles(POSITIONS, pairs, streams_first.shape[1], index=streams_first, **common)
+
+
+# The tables of the position array each (frequencies, device, dtype, form, length) met last, for
+# as long as that array lives unchanged: a model that passes one positions tensor to every layer
+# forms its angles once per forward, not once per layer. Keyed by the array's identity (a weak
+# reference) and torch's version counter, which every in-place write bumps; never by value, and
+# never while traced (a traced call does not come here). Arrays without a version counter
+# (NumPy's, CuPy's, torch's inference tensors) are not kept: they may be written in place unseen.
+_recent: dict[tuple[Any, ...], tuple[Any, int, tuple[Any, Any]]] = {}
+
+
+def _recent_tables(source: PositionTables, seq: int, dtype: Any) -> tuple[Any, Any]:
+    """``source``'s tables, the last ones of its position array where that is unchanged."""
+    given = source.spec.given()
+    version = _version(given)
+    if version is None:
+        return source._tables(seq, dtype)
+    key = (source.freqs, source.ctx.env, dtype, source.kind, seq)
+    found = _recent.get(key)
+    if found is not None and found[0]() is given and found[1] == version:
+        return found[2]
+    tables = source._tables(seq, dtype)
+    if len(_recent) >= 64:  # one entry per frequencies, device and dtype: few
+        _recent.clear()
+    _recent[key] = (weakref.ref(given), version, tables)
+    return tables
+
+
+def _version(array: Any) -> int | None:
+    """torch's count of in-place writes to ``array``, or None (no array, or none is kept)."""
+    if array is None or not type(array).__module__.startswith("torch") or array.is_inference():
+        return None
+    version: int = array._version
+    return version
 
 
 class GivenTables:
