@@ -162,9 +162,10 @@ def peers(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """benchmarks/run.py: pyperf timings, medians with quartiles, ratios to a copy and the peers.
 
-    Installs NumPy, torch, mlx and JAX (jax>=0.4.30, CPU) as their backends/ folders do, and the
-    "bench" dependency group (pyperf, numba for the fast paths, matplotlib for the plot, the
-    peers). Arguments after -- go to benchmarks/run.py, e.g. ``nox -s bench -- --quick`` or
+    Installs NumPy, torch, mlx and JAX (jax>=0.4.30, CPU) as their backends/ folders do, Triton as
+    torch's "triton" variant does (the call-overhead table counts the Triton path's Python calls
+    under its CPU interpreter; the variant pins the same torch), and the "bench" dependency group
+    (pyperf, numba for the fast paths, matplotlib for the plot, the peers). Arguments after -- go to benchmarks/run.py, e.g. ``nox -s bench -- --quick`` or
     ``-- --backend torch``; after a second -- to pyperf (``-- --quick -- --rigorous``).
     Writes bench-results/ (bench.txt, bench.json, bench.png, and pyperf's files in pyperf/).
     Not run by default.
@@ -173,6 +174,7 @@ def bench(session: nox.Session) -> None:
         *nox.project.dependency_groups(PYPROJECT, "bench"),
         *BACKENDS["numpy"]["install"],
         *BACKENDS["torch"]["install"],
+        *BACKENDS["torch"]["variants"]["triton"]["install"],  # the same torch pin, and triton
         *BACKENDS["mlx"]["install"],
         *BACKENDS["jax"]["install"],  # jax>=0.4.30
     )

@@ -19,12 +19,14 @@ import contextlib
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import rope_cases
 from bench_rope import busy_cores
+
+Call = Callable[[], Any]
 
 BLOCKS = 20  # pairs of blocks: 10 with A first, 10 with B first
 BLOCK_SECONDS = 0.25  # each block at least this long, from the slower variant's warm call
@@ -47,6 +49,31 @@ def fields(a: rope_cases.Bench, b: rope_cases.Bench) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def alternate(
+    a: Call, b: Call, time_loops: Callable[[Call, int], float], blocks: int, block_s: float
+) -> dict[str, Any]:
+    """A's time over B's in ``blocks`` pairs of blocks of the same number of calls, A then B, then B
+    then A, after ``WARM_CALLS`` each; ``time_loops(call, loops)`` is seconds for that many calls.
+
+    Returns the ratio's median and quartiles over the pairs of blocks, the calls a block (from the
+    slower one's warm call), and each one's median time per call (``median_s``, ``over_median_s``).
+    """
+    if blocks < 1 or block_s <= 0:
+        raise ValueError(f"blocks must be >= 1 and block_s > 0, got {blocks} and {block_s}")
+    for call in (a, b):
+        time_loops(call, WARM_CALLS)
+    loops = max(1, math.ceil(block_s / max(time_loops(call, 1) for call in (a, b))))
+    per_call: tuple[list[float], list[float]] = ([], [])
+    for i in range(blocks):
+        for at in (0, 1) if i % 2 == 0 else (1, 0):
+            per_call[at].append(time_loops((a, b)[at], loops) / loops)
+    p25, median, p75 = quartiles([x / y for x, y in zip(*per_call, strict=True)])
+    return {
+        "blocks": blocks, "loops": loops, "ratio": median, "ratio_p25": p25, "ratio_p75": p75,
+        "median_s": statistics.median(per_call[0]), "over_median_s": statistics.median(per_call[1]),
+    }  # fmt: skip
+
+
 def time_pair(a: rope_cases.Bench, b: rope_cases.Bench, blocks: int, block_s: float) -> dict[str, Any]:
     """A's and B's time per call in ``blocks`` alternating pairs of blocks, in this process."""
     from rope_runtimes import make_runtime
@@ -54,30 +81,19 @@ def time_pair(a: rope_cases.Bench, b: rope_cases.Bench, blocks: int, block_s: fl
 
     if (a.backend, a.case, a.dtype, a.layout) != (b.backend, b.case, b.dtype, b.layout):
         raise ValueError(f"a pair is two variants of one row, got {a.name} and {b.name}")
-    if blocks < 1 or block_s <= 0:
-        raise ValueError(f"blocks must be >= 1 and block_s > 0, got {blocks} and {block_s}")
     rt = make_runtime(a.backend)
     with contextlib.ExitStack() as stack:
         if a.case.busy:
             stack.enter_context(busy_cores(a.case.busy))
         stack.enter_context(rt.scope())
-        calls = {a.name: build(rt, a), b.name: build(rt, b)}
-        for call in calls.values():
-            for _ in range(WARM_CALLS):
-                rt.finish(call())
-        slowest = max(rt.time_loops(call, rt.finish, 1) for call in calls.values())
-        loops = max(1, math.ceil(block_s / slowest))
-        per_call: dict[str, list[float]] = {a.name: [], b.name: []}
-        for i in range(blocks):
-            for name in (a.name, b.name) if i % 2 == 0 else (b.name, a.name):
-                per_call[name].append(rt.time_loops(calls[name], rt.finish, loops) / loops)
-    ratios = [x / y for x, y in zip(per_call[a.name], per_call[b.name], strict=True)]
-    p25, median, p75 = quartiles(ratios)
-    return {
-        **fields(a, b), "status": "ok", "blocks": blocks, "loops": loops,
-        "ratio": median, "ratio_p25": p25, "ratio_p75": p75,
-        "median_s": statistics.median(per_call[a.name]), "over_median_s": statistics.median(per_call[b.name]),
-    }  # fmt: skip
+        timed = alternate(
+            build(rt, a),
+            build(rt, b),
+            lambda call, loops: rt.time_loops(call, rt.finish, loops),
+            blocks,
+            block_s,
+        )
+    return {**fields(a, b), "status": "ok", **timed}
 
 
 def _bench(name: str, size: str) -> rope_cases.Bench:

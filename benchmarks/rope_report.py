@@ -2,8 +2,8 @@
 
     python benchmarks/rope_report.py bench-results
 
-Reads ``DIR/run.json`` (what benchmarks/run.py planned, skipped and saw fail) and the pyperf
-files under ``DIR/pyperf/``; writes ``DIR/bench.json`` (the summary the docs plot reads, no
+Reads ``DIR/run.json`` (what benchmarks/run.py planned, skipped and saw fail), the pyperf
+files under ``DIR/pyperf/`` and ``DIR/overhead.json`` (the call-overhead table); writes ``DIR/bench.json`` (the summary the docs plot reads, no
 pyperf needed), ``DIR/bench.txt`` and ``DIR/bench.png``. ``python -m pyperf compare_to`` on two
 runs' pyperf files compares them benchmark by benchmark.
 """
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import rope_cases
+from bench_overhead import NOTES as OVERHEAD_NOTES
+from bench_overhead import ROWS, held, shown, verdict
 from rope_cases import COMPILED_REFERENCES, REFERENCES, SHAPES, SPECS, VARIANT_ORDER
 
 SCHEMA = 3  # 3: pyperf runs; quartiles and the ratios' spread; first call as pyperf values
@@ -148,6 +150,22 @@ def add_ratios(results: Sequence[Record]) -> list[Record]:
     return out
 
 
+def overhead(out: Path) -> Record:
+    """``DIR/overhead.json``: bench_overhead.py's record, each row with its target and whether it
+    held (None: not measured), or the error or skip that benchmarks/run.py wrote in its place; or a
+    record saying that there is none."""
+    path = out / "overhead.json"
+    if not path.exists():
+        return {
+            "status": "skipped",
+            "detail": f"no {path} (benchmarks/run.py writes it unless --no-overhead)",
+        }
+    record: Record = json.loads(path.read_text())
+    if "rows" in record:
+        record["rows"] = [{**r, "target": ROWS[r["id"]].target, "held": held(r)} for r in record["rows"]]
+    return record
+
+
 def summarize(out: Path) -> Record:
     """The summary of the run in ``out``: config, machine, every benchmark's record, first calls."""
     run = json.loads((out / "run.json").read_text())
@@ -163,6 +181,7 @@ def summarize(out: Path) -> Record:
         "first_call": (first_call_records(first_file) if first_file.exists() else [])
         + run["first_call_failed"],
         "paired": run.get("paired", []),
+        "overhead": overhead(out),
     }
 
 
@@ -269,8 +288,37 @@ def _paired_row(r: Record) -> list[str]:
     return [*row, ratio, f"{r['blocks']} x {r['loops']}", _ms(r["median_s"]), _ms(r["over_median_s"])]
 
 
+OVERHEAD_COLUMNS = ("measure", "backend", "call", "value (q1-q3)", "target", "us", "over us", "per")
+
+
+def _overhead_row(r: Record) -> list[str]:
+    mark = {True: " held", False: " missed", None: ""}[r.get("held")]
+    timed = [f"{r['us']:.2f}", f"{r['over_us']:.2f}", r["per"]] if "us" in r else ["", "", ""]
+    return [r["measure"], r["backend"], r["call"], shown(r), f"<= {r['target']:g}{mark}", *timed]
+
+
+def overhead_lines(record: Record) -> list[str]:
+    """The "call overhead" table of bench_overhead.py's record, what it means, and what did not run."""
+    lines = ["call overhead"]
+    if record.get("status") != "ok":
+        return [*lines, f"call overhead: {record.get('status')} ({record.get('detail', '')})"]
+    rows = record["rows"]
+    numeric = ("value (q1-q3)", "us", "over us")
+    lines += columns(OVERHEAD_COLUMNS, [_overhead_row(r) for r in rows], numeric, 1)
+    lines += [
+        "",
+        *OVERHEAD_NOTES,
+        f"call overhead: {record['blocks']} pairs of blocks a ratio; {verdict(rows)}",
+    ]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"call overhead {r['backend']} {r['call']}: {r['status']} ({r.get('detail', '')})")
+    return lines
+
+
 def format_table(summary: Record) -> str:
-    """The timed and failed rows (skips are listed below), the first calls, the paired rows, notes."""
+    """The timed and failed rows (skips are listed below), the first calls, the paired rows, notes,
+    and the call-overhead table with its notes."""
     rows = sorted((r for r in summary["results"] if r.get("status") != "skipped"), key=order)
     lines = columns(COLUMNS, [_row(r) for r in rows], COLUMNS[6:])
     first = sorted(summary.get("first_call", []), key=order)
@@ -279,7 +327,10 @@ def format_table(summary: Record) -> str:
     paired = sorted(summary.get("paired", []), key=order)
     if paired:
         lines += ["", *columns(PAIRED_COLUMNS, [_paired_row(r) for r in paired], PAIRED_COLUMNS[6:])]
-    return "\n".join([*lines, "", *notes(summary)])
+    lines += ["", *notes(summary)]
+    if "overhead" in summary:  # summaries written before it have none
+        lines += ["", *overhead_lines(summary["overhead"])]
+    return "\n".join(lines)
 
 
 def notes(summary: Record) -> list[str]:

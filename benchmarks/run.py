@@ -17,6 +17,9 @@ skips and the failures for report.py.
 Then the rows of ``rope_cases.PAIRED`` are timed again, each with the variant it is divided by,
 in one process of their own (bench_paired.py, alternating blocks; ``OUT/paired/``): two of
 anyrope's own paths can differ by less than a process's spread, which this ratio resolves.
+Then bench_overhead.py measures what a call costs beside its arithmetic (Python calls per call,
+tiny calls over NumPy's formula, a decode step over transformers'), in one fresh process of its
+own: ``OUT/overhead.json``, the report's "call overhead" table (``--no-overhead`` leaves it out).
 Where an NVIDIA GPU is found, bench_gpu.py follows (its own process, CUDA-event timings, the GPU
 peers): ``OUT/gpu.md`` and ``OUT/gpu.json``.
 """
@@ -40,7 +43,7 @@ import rope_report
 
 HERE = Path(__file__).resolve().parent
 QUICK = ["--values", "3"]  # before the user's pyperf options, which win
-QUICK_BLOCKS = 4  # --quick: enough to see a pair run, not to judge a target by
+QUICK_BLOCKS = 4  # --quick: enough to see a pair run, not to judge a target by (paired and overhead)
 # Worker processes per benchmark, one per round. Three, not pyperf's two: a process can be slow
 # for its whole life (a neighbour busy on one of the cores, for one), and all its values with it;
 # with two processes such a one moves the pooled median halfway, with three the other two set it.
@@ -68,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"pairs of blocks per paired row (default: {bench_paired.BLOCKS}; {QUICK_BLOCKS} with --quick;"
         " 0: none)",
+    )
+    parser.add_argument(
+        "--no-overhead", action="store_true", help="do not run bench_overhead.py (the call-overhead table)"
     )
     parser.add_argument(
         "--first-call-processes", type=int, default=5, metavar="N", help="fresh processes per first call"
@@ -131,6 +137,20 @@ def run_paired(plan: Sequence[rope_cases.Bench], size: str, blocks: int, out: Pa
     return records
 
 
+def run_overhead(blocks: int, out: Path) -> dict[str, Any]:
+    """bench_overhead.py in a fresh process: its record, or an error record whose detail says why
+    (written to ``OUT/overhead.json`` in its place)."""
+    path = out / "overhead.json"
+    print("[overhead] ", end="", flush=True)
+    argv = ["--blocks", str(blocks), "--out", str(path)]
+    why = _script("bench_overhead.py", "overhead", argv, out / "logs" / "overhead.log")
+    if not why:
+        return dict(json.loads(path.read_text()))
+    record = {"status": "error", "detail": why}
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def calibrated_loops(path: Path, name: str) -> int:
     """The loop length pyperf chose for benchmark ``name``'s first round: the later rounds keep it,
     which spares each a calibration process and keeps its values comparable."""
@@ -166,9 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--paired-blocks must be 0 (none) or more, got {blocks}")
     out: Path = args.out
     (out / "pyperf").mkdir(parents=True, exist_ok=True)
-    # --append would mix this run with the last; a paired file left over would pass for this run's
-    for old in [*(out / "pyperf").glob("*.json"), *(out / "paired").glob("*.json")]:
-        old.unlink()
+    # --append would mix this run with the last; a paired or overhead file left over would pass
+    # for this run's
+    for old in [*(out / "pyperf").glob("*.json"), *(out / "paired").glob("*.json"), out / "overhead.json"]:
+        old.unlink(missing_ok=True)
     plan = bench_rope.chosen(args)
     not_timed: list[dict[str, Any]] = []
     failed: set[str] = set()  # a benchmark that fails is not run again
@@ -232,6 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 first_failed.append(
                     {"backend": backend, "variant": variant, "status": "error", "detail": why}
                 )
+    if args.no_overhead:
+        overhead = {"status": "skipped", "detail": "--no-overhead"}
+        (out / "overhead.json").write_text(json.dumps(overhead, indent=1) + "\n")
+    else:
+        overhead = run_overhead(QUICK_BLOCKS if args.quick else bench_paired.BLOCKS, out)
     if rope_cases.has_nvidia_gpu() and not args.no_gpu:  # the GPU table: one process, CUDA events
         gpu = subprocess.run([sys.executable, str(HERE / "bench_gpu.py"), "--out", str(out)], check=False)
         if gpu.returncode:
@@ -243,10 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "first_call_failed": first_failed,
         "failed_later_rounds": later,
         "paired": paired,
+        "overhead": overhead,
     }
     (out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
     status = rope_report.main([str(out)])
-    failures = [r for r in [*not_timed, *paired] if r["status"] == "error"] + first_failed + later
+    overhead_rows = [overhead, *overhead.get("rows", [])]
+    failures = (
+        [r for r in [*not_timed, *paired, *overhead_rows] if r["status"] == "error"] + first_failed + later
+    )
     if failures:
         print(f"{len(failures)} benchmark(s) failed; see the notes above and {out / 'logs'}", file=sys.stderr)
     return status or (1 if failures else 0)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import bench_first_call
+import bench_overhead
 import bench_paired
 import bench_rope
 import rope_cases
@@ -399,6 +400,199 @@ def test_run_paired_records_each_pair_or_why_not(tmp_path: Path, monkeypatch: py
     assert "paired: the row timed again with the one it is divided by" in table
 
 
+def test_alternate_takes_turns_and_divides_per_pair() -> None:
+    """bench_paired.alternate on a fake clock: A takes twice B's time, the blocks go A B, B A, ...,
+    each of the calls the slower one's warm call fills a block with."""
+    ran: list[tuple[str, int]] = []
+    cost = {"a": 2e-3, "b": 1e-3}
+
+    def time_loops(call: Any, loops: int) -> float:
+        ran.append((call(), loops))
+        return cost[ran[-1][0]] * loops
+
+    timed = bench_paired.alternate(lambda: "a", lambda: "b", time_loops, blocks=4, block_s=0.01)
+    assert timed["loops"] == 5  # 0.01 s of A's 2 ms calls
+    blocks = [name for name, loops in ran if loops == 5]
+    assert blocks == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert ran[:2] == [("a", bench_paired.WARM_CALLS), ("b", bench_paired.WARM_CALLS)]
+    assert (timed["ratio_p25"], timed["ratio"], timed["ratio_p75"]) == pytest.approx((2.0, 2.0, 2.0))
+    assert (timed["median_s"], timed["over_median_s"]) == pytest.approx((2e-3, 1e-3))
+    with pytest.raises(ValueError, match="blocks must be >= 1 and block_s > 0"):
+        bench_paired.alternate(lambda: "a", lambda: "b", time_loops, blocks=2, block_s=0)
+
+
+def _count_of(rows: list[dict[str, Any]], backend: str) -> list[int]:
+    """The calls counted on ``backend``, each row checked for its fields first."""
+    assert [r["id"] for r in rows] == [f"calls/{backend}/q", f"calls/{backend}/q,k"]
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert (r["measure"], r["backend"]) == ("python calls", backend)
+        assert r["call"] == bench_overhead.ROWS[r["id"]].call
+        assert isinstance(r["calls"], int)
+        assert r["calls"] > 0
+    return [r["calls"] for r in rows]
+
+
+def test_overhead_counts_the_python_calls_of_a_call() -> None:
+    """python_calls counts every Python function a call runs, the call itself included, once warm."""
+    pytest.importorskip("numpy")
+
+    def leaf() -> None:
+        pass
+
+    def two_leaves(x: Any, *, twice: bool) -> None:
+        leaf()
+        if twice:
+            leaf()
+
+    assert bench_overhead.python_calls(two_leaves, (1,), {"twice": True}) == 3
+    assert bench_overhead.python_calls(two_leaves, (1,), {"twice": False}) == 2
+    assert min(_count_of(bench_overhead.count_rows("numpy"), "numpy")) > 1  # RoPE.__call__ and more
+    pytest.importorskip("torch")
+    assert min(_count_of(bench_overhead.count_rows("torch"), "torch")) > 1
+
+
+def test_overhead_counts_the_triton_path_up_to_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton rows count in a process of their own under Triton's interpreter, the launch a stub."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    _count_of(bench_overhead.triton_rows(), "triton")
+    if os.environ.get("TRITON_INTERPRET") == "1":  # nox -s tests-torch-triton: in this process too
+        _count_of(bench_overhead.count_rows("triton"), "triton")
+    else:  # which is why the rows count in a child process
+        with pytest.raises(ValueError, match="kernel 'triton' cannot rotate q here: device cpu"):
+            bench_overhead.count_rows("triton")
+
+
+def _timed_fields(row: dict[str, Any], per: str) -> None:
+    assert row["status"] == "ok", row
+    assert (row["blocks"], row["per"]) == (2, per)
+    assert row["loops"] >= 1
+    assert 0 < row["ratio_p25"] <= row["ratio"] <= row["ratio_p75"]
+    layers = bench_overhead.LAYERS if per == "layer" else 1
+    assert row["us"] == pytest.approx(row["median_s"] / layers * 1e6)
+    assert row["over_us"] == pytest.approx(row["over_median_s"] / layers * 1e6)
+    assert row["us"] > 0
+
+
+def test_overhead_times_tiny_calls_over_the_numpy_formula() -> None:
+    pytest.importorskip("numpy")
+    numpy, torch = bench_overhead.tiny_rows(blocks=2, block_s=1e-3)
+    assert (numpy["id"], numpy["measure"], torch["id"]) == ("tiny/numpy", "x numpy formula", "tiny/torch")
+    _timed_fields(numpy, "call")
+    if rope_cases.installed("torch"):
+        _timed_fields(torch, "call")
+    else:
+        assert (torch["status"], torch["detail"]) == ("skipped", "torch is not installed")
+
+
+def test_overhead_times_a_decode_step_over_transformers() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    row = bench_overhead.decode_row(blocks=2, block_s=1e-3)
+    assert (row["id"], row["measure"], row["backend"]) == ("decode/torch", "x transformers", "torch")
+    _timed_fields(row, "layer")
+
+
+def test_overhead_failure_costs_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row of ROWS comes back, in order: measured, skipped or an error saying why."""
+    pytest.importorskip("numpy")
+
+    def boom() -> list[dict[str, Any]]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(bench_overhead, "triton_rows", boom)
+    monkeypatch.setattr(bench_overhead, "tiny_rows", lambda blocks, block_s: boom())
+    monkeypatch.setattr(bench_overhead, "decode_row", lambda blocks, block_s: {
+        **bench_overhead._row("decode/torch"), "status": "skipped", "detail": "not here"})  # fmt: skip
+    record = bench_overhead.measure(blocks=2, block_s=1e-3)
+    assert (record["status"], record["blocks"]) == ("ok", 2)
+    assert [r["id"] for r in record["rows"]] == list(bench_overhead.ROWS)
+    status = {r["id"]: (r["status"], r.get("detail")) for r in record["rows"]}
+    for name in ("calls/triton/q", "calls/triton/q,k", "tiny/numpy", "tiny/torch"):
+        assert status[name] == ("error", "RuntimeError: boom")
+    assert status["calls/numpy/q"] == ("ok", None)
+    with pytest.raises(ValueError, match="blocks must be >= 1"):
+        bench_overhead.measure(blocks=0)
+
+
+def _overhead_record() -> dict[str, Any]:
+    """A recorded overhead.json: every row measured but the Triton ones, tiny/torch over its target."""
+    rows = []
+    for name in bench_overhead.ROWS:
+        if name.startswith("calls/triton/"):
+            rows.append(
+                {**bench_overhead._row(name), "status": "skipped", "detail": "triton is not installed"}
+            )
+        elif name.startswith("calls/"):
+            rows.append({**bench_overhead._row(name), "status": "ok", "calls": 21})
+        else:
+            ratio, per = {
+                "tiny/numpy": (0.5, "call"),
+                "tiny/torch": (0.9, "call"),
+                "decode/torch": (0.75, "layer"),
+            }[name]
+            rows.append({**bench_overhead._row(name), "status": "ok", "blocks": 2, "loops": 10, "ratio": ratio,
+                         "ratio_p25": ratio - 0.01, "ratio_p75": ratio + 0.02, "median_s": 8e-6, "over_median_s": 1e-5,
+                         "per": per, "us": 8.0, "over_us": 10.0})  # fmt: skip
+    return {"status": "ok", "blocks": 2, "block_s": 0.25, "rows": rows}
+
+
+def test_report_has_the_call_overhead_table(tmp_path: Path) -> None:
+    (tmp_path / "overhead.json").write_text(json.dumps(_overhead_record()))
+    record = rope_report.overhead(tmp_path)
+    rows = {r["id"]: r for r in record["rows"]}
+    assert (rows["calls/numpy/q"]["target"], rows["calls/numpy/q"]["held"]) == (30, True)
+    assert (rows["tiny/torch"]["target"], rows["tiny/torch"]["held"]) == (0.8, False)
+    assert rows["calls/triton/q"]["held"] is None
+    lines = rope_report.format_table({**_summary(), "overhead": record}).splitlines()
+    at = lines.index("call overhead")
+    assert lines[at + 1].split()[:4] == ["measure", "backend", "call", "value"]
+    table = "\n".join(lines[at:])
+    row = next(line for line in lines[at:] if line.startswith("python calls") and "rope(q, offset=5)" in line)
+    assert row.split()[-4:] == ["21", "<=", "30", "held"]
+    tiny = next(line for line in lines[at:] if line.startswith("x numpy formula  torch"))
+    assert tiny.split()[-8:] == ["0.90", "(0.89-0.92)", "<=", "0.8", "missed", "8.00", "10.00", "call"]
+    decode = next(line for line in lines[at:] if line.startswith("x transformers"))
+    assert decode.split()[-7:-3] == ["(0.74-0.77)", "<=", "1", "held"]
+    assert decode.split()[-1] == "layer"
+    assert (
+        "call overhead: 2 pairs of blocks a ratio; 6 of 7 measured rows held their targets; missed: tiny/torch"
+        in table
+    )
+    assert "call overhead triton rope(q, offset=5): skipped (triton is not installed)" in table
+    assert lines[-1].startswith("call overhead")  # the last section
+
+
+def test_report_says_why_there_is_no_call_overhead_table(tmp_path: Path) -> None:
+    missing = rope_report.overhead(tmp_path)
+    assert missing["status"] == "skipped"
+    assert rope_report.overhead_lines(missing) == [
+        "call overhead",
+        f"call overhead: skipped (no {tmp_path / 'overhead.json'} (benchmarks/run.py writes it unless --no-overhead))",
+    ]
+    (tmp_path / "overhead.json").write_text(
+        json.dumps({"status": "error", "detail": "RuntimeError: boom (log: x)"})
+    )
+    table = rope_report.format_table({**_summary(), "overhead": rope_report.overhead(tmp_path)})
+    assert table.endswith("call overhead\ncall overhead: error (RuntimeError: boom (log: x))")
+    assert "call overhead" not in rope_report.format_table(_summary())  # a summary from before the table
+
+
+def test_run_overhead_records_why_it_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_overhead.py runs in a process of its own; when it fails, overhead.json holds why."""
+    pytest.importorskip("numpy")
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    record = run.run_overhead(0, tmp_path)
+    assert record["status"] == "error"
+    assert record["detail"].startswith(
+        "ValueError: blocks must be >= 1 and block_s > 0, got 0 and 0.25 (log: "
+    )
+    assert json.loads((tmp_path / "overhead.json").read_text()) == record
+    assert (tmp_path / "logs" / "overhead.log").exists()
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [
@@ -423,7 +617,7 @@ def numpy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     argv = [
         sys.executable, str(ROOT / "benchmarks" / "run.py"), "--out", str(out), "--size", "tiny",
         "--backend", "numpy", "--shape", "small", "--dtype", "float32", "--first-call-processes", "1",
-        "--", "--debug-single-value",
+        "--no-overhead", "--", "--debug-single-value",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, env=_env(), check=False, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -443,6 +637,8 @@ def test_run_writes_pyperf_files_and_the_summary(numpy_run: Path) -> None:
     assert summary["config"]["rounds"] == run.ROUNDS
     assert summary["machine"]["versions"]["pyperf"]
     assert summary["paired"] == []  # numpy has no pair
+    assert summary["overhead"] == {"status": "skipped", "detail": "--no-overhead"}
+    assert json.loads((numpy_run / "run.json").read_text())["overhead"] == summary["overhead"]
     assert "hostname" not in summary["machine"]
     rows = {(r["layout"], r["variant"]): r for r in summary["results"]}
     assert len(rows) == len(names)
@@ -472,6 +668,7 @@ def test_run_prints_the_table(numpy_run: Path) -> None:
     assert "numpy: copy = x.copy(); x ref against numpy-formula" in table
     assert "small: (batch, heads, seq, head_dim) = (1, 2, 4, 64)" in table
     assert any(line.split()[:2] == ["numpy", "anyrope"] for line in table.splitlines())  # first calls
+    assert table.endswith("call overhead\ncall overhead: skipped (--no-overhead)\n")
 
 
 def test_failure_costs_one_row(tmp_path: Path) -> None:
