@@ -280,6 +280,39 @@ def test_inplace_into_a_stride_zero_view_is_refused_before_writing(backend: Back
     np.testing.assert_array_equal(backend.to_numpy(fine), fine_before)
 
 
+# --- issue 57, item 3: in place into arrays with no elements ------------------------------------
+
+
+EMPTY = [(0, 3, 4, 8), (2, 3, 0, 8), (2, 0, 4, 8)]
+
+
+@FAST
+@pytest.mark.parametrize("shape", EMPTY, ids=str)
+def test_inplace_into_an_empty_array_returns_it(backend: Backend, fast: bool, shape: tuple[int, ...]) -> None:
+    """NumPy 2 gives empty arrays zero strides: that is no stride-0 view, and an in-place call
+    (or apply's out=) returns the empty array itself; immutable arrays are refused as ever."""
+    rope = anyrope.RoPE(8)
+    q, k = backend.asarray(np.zeros(shape), "float32"), backend.asarray(np.zeros(shape), "float32")
+    positions = backend.asarray(np.arange(shape[2]))
+    offsets = backend.asarray(np.zeros(shape[0], np.int64))
+    calls: list[tuple[Callable[[], Any], tuple[Any, ...]]] = [
+        (lambda: rope(q, inplace=True), (q,)),
+        (lambda: rope(q, k, inplace=True), (q, k)),
+        (lambda: rope(q, k, positions=positions, inplace=True), (q, k)),
+        (lambda: rope(q, offset=offsets, inplace=True), (q,)),
+        (lambda: anyrope.apply(q, *rope.cos_sin(positions, like=q), out=k), (k,)),
+    ]
+    mutable = backend.name in ("numpy", "torch", "array-api-strict")
+    with anyrope.use_fast_paths(fast):
+        for call, written in calls * 2:  # the second time through the kept plans
+            out = _answers(call, "inplace=", "out=")
+            assert (out is not None) == mutable, f"{backend.name}: {out!r}"
+            if out is not None:
+                got = out if isinstance(out, tuple) else (out,)
+                assert all(a is b for a, b in zip(got, written, strict=True))
+    assert tuple(q.shape) == tuple(k.shape) == shape
+
+
 # --- generated bad values at every entry point ---------------------------------------------------
 
 
@@ -496,3 +529,25 @@ def test_packed_positions(backend: Backend, cu: Any, total: Any, offsets: Any) -
     _unchanged(backend, (cu_seqlens,), before)
     if out is not None:
         assert tuple(out.shape) == (int(total),)
+
+
+@given(
+    lead=st.lists(st.integers(0, 3), min_size=1, max_size=3),
+    head_dim=st.sampled_from([8, 0]),
+    both=st.booleans(),
+)
+def test_inplace_with_no_elements(backend: Backend, lead: list[int], head_dim: int, both: bool) -> None:
+    """Arrays with no elements (issue 57: NumPy 2 gives them zero strides, refused as stride-0
+    views): in place, the array itself comes back; immutable arrays are refused naming inplace=."""
+    shape = (*lead, 0, head_dim) if 0 not in lead and head_dim else (*lead, 2, head_dim)
+    rope = anyrope.RoPE(8)
+    q = backend.asarray(np.zeros(shape), "float32")
+    k = backend.asarray(np.zeros(shape), "float32")
+    out = _answers(
+        lambda: rope(q, k, inplace=True) if both else rope(q, inplace=True), "inplace=", "head_dim"
+    )
+    mutable = backend.name in ("numpy", "torch", "array-api-strict")
+    assert (out is not None) == (mutable and head_dim == 8), f"{backend.name}, shape {shape}: {out!r}"
+    if out is not None:
+        assert all(got is want for got, want in zip(out if both else (out,), (q, k), strict=False))
+        assert tuple(q.shape) == shape

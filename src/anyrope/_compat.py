@@ -415,6 +415,10 @@ def check_writeable(xp: Any, x: Any, arg: str, how: str, traced: bool) -> None:
 
 
 def _repeats_elements(xp: Any, x: Any) -> bool:
+    """Whether two of ``x``'s elements share an address: an axis of length > 1 with stride 0. An
+    array with no elements has none to share (NumPy 2 gives empty arrays zero strides)."""
+    if 0 in tuple(x.shape):
+        return False
     library = library_name(xp)
     if library == "torch":
         strides, shape = x.stride(), x.shape
