@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import anyrope
@@ -280,6 +280,39 @@ def test_inplace_into_a_stride_zero_view_is_refused_before_writing(backend: Back
     np.testing.assert_array_equal(backend.to_numpy(fine), fine_before)
 
 
+# --- issue 57, item 2: per-row offsets past the index dtype, on every backend ---------------------
+
+
+def _reads_offsets(backend: Backend) -> str:
+    """Where a backend's offset arrays are checked against the index dtype: "call" (their values
+    are on the host: NumPy, CPU torch, array-api-strict), "compute" (Dask: as the graph computes
+    them) or "" (never read: devices, MLX, JAX; docs/positions.md says what then happens)."""
+    if backend.host_values or backend.name == "array-api-strict":
+        return "call"
+    return "compute" if backend.name == "dask" else ""
+
+
+@FAST
+def test_offset_arrays_past_the_index_dtype_are_refused(backend: Backend, fast: bool) -> None:
+    """Per-row offsets ``[top - 2, 0]`` with 4 tokens put a position past the index dtype: never
+    a wrapped (3.7 rad off) result. Refused naming offset where the values can be read; Dask
+    raises as it computes the result."""
+    when = _reads_offsets(backend)
+    if not when:
+        pytest.skip(f"{backend.name}'s offsets are not read on the host: see docs/positions.md")
+    rope, top = anyrope.RoPE(8), _largest(backend)
+    x_np = _x((2, 3, 4, 8))
+    q, k = backend.asarray(x_np, "float32"), backend.asarray(x_np[:, :1], "float32")
+    before = _snapshot(backend, q, k)
+    with anyrope.use_fast_paths(fast):
+        for offset in (np.array([top - 2, 0]), np.array([top, top]), np.array(top - 1)):
+            with _refused(ValueError, "offset"):
+                out = rope(q, k, offset=backend.asarray(offset))
+                assert when == "compute", "refused at the call"
+                _snapshot(backend, *out)
+            _unchanged(backend, (q, k), before)
+
+
 # --- issue 57, item 3: in place into arrays with no elements ------------------------------------
 
 
@@ -529,6 +562,29 @@ def test_packed_positions(backend: Backend, cu: Any, total: Any, offsets: Any) -
     _unchanged(backend, (cu_seqlens,), before)
     if out is not None:
         assert tuple(out.shape) == (int(total),)
+
+
+@given(drops=st.lists(st.integers(0, 8), min_size=1, max_size=3), seq=st.integers(1, 5), one=st.booleans())
+def test_offsets_near_the_index_dtypes_top(backend: Backend, drops: list[int], seq: int, one: bool) -> None:
+    """Offset arrays a few below the index dtype's largest value (issue 57: ``2**63 - 2`` with 4
+    tokens came back 3.7 rad off on MLX and array-api-strict): where a last position passes it,
+    refused naming offset wherever the values are read (see _reads_offsets); else exact."""
+    top, when = _largest(backend), _reads_offsets(backend)
+    starts = np.array([top - drops[0]] if one else [top - d for d in drops], dtype=np.uint64)
+    past = int(starts.max()) + seq - 1 > top
+    assume(not past or when)  # never read elsewhere: docs/positions.md says what happens there
+    rope = anyrope.RoPE(8)
+    x_np = _x((len(starts), 2, seq, 8))
+    x = backend.asarray(x_np, "float32")
+    before = _snapshot(backend, x)
+    offset = backend.asarray(starts[0] if one else starts, backend.index)
+    out = _answers(lambda: backend.to_numpy(rope(x, offset=offset)), "offset")
+    _unchanged(backend, (x,), before)
+    assert (out is None) == past, f"last position {int(starts.max()) + seq - 1}, largest {top}"
+    if out is not None:
+        positions = starts[:, None] + np.arange(seq, dtype=np.uint64)
+        want = _exact(before[0].astype(np.float64), positions, rope)
+        assert_close(backend, backend.asarray(out, "float32"), want, "float32")
 
 
 @given(

@@ -148,12 +148,13 @@ class GivenIntegers:
 
 class ArrayOffset(PositionSpec):
     """Positions ``start[b], start[b] + 1, ...``: ``start`` 0-d (one offset, perhaps traced) or
-    (batch,) (one per row); ``limit``, the largest position the index dtype holds."""
+    (batch,) (one per row); ``limit``, the largest position the index dtype holds; ``peak``, the
+    largest offset where it was read on the host for this bound alone (see :func:`_peak`)."""
 
-    __slots__ = ("limit", "ndim", "rows", "start", "unsigned64")
+    __slots__ = ("limit", "ndim", "peak", "rows", "start", "unsigned64")
 
-    def __init__(self, start: GivenIntegers, limit: int | None = None) -> None:
-        self.start, self.limit, self.unsigned64 = start, limit, start.unsigned64
+    def __init__(self, start: GivenIntegers, limit: int | None = None, peak: int | None = None) -> None:
+        self.start, self.limit, self.unsigned64, self.peak = start, limit, start.unsigned64, peak
         self.ndim = 1 if start.ndim == 0 else 2
         self.rows = 1 if start.ndim == 0 else start.shape[0]
 
@@ -161,11 +162,14 @@ class ArrayOffset(PositionSpec):
         if self.start.ndim == 1:
             _check_batch(x, arg, axis, self.start.shape[0], "offset")
         span = self.start.span()  # host-known offsets only: device values are never read
-        if span is not None and self.limit is not None:
-            _check_last(span[1], True, self.limit, arg, x.shape[axis])
+        top = span[1] if span is not None else self.peak
+        if top is not None and self.limit is not None:
+            _check_last(top, True, self.limit, arg, x.shape[axis])
 
     def positions(self, xp: Any, env: Environment, seq: int) -> Any:
         given = self.start.array()
+        if env.lazy and self.limit is not None and self.start.known is None:
+            given = _checked_lazily(given, seq, self.limit)
         start, unsigned = _widened(xp, env, given)
         steps = xp.arange(seq, dtype=env.index, device=env.device)
         positions = start[..., None] + steps if given.ndim else start + steps
@@ -285,6 +289,20 @@ def _check_last(start: int, of_several: bool, limit: int, arg: str, seq: int) ->
         )
 
 
+def _checked_lazily(start: Any, seq: int, limit: int) -> Any:
+    """Dask offsets that refuse, as each block of them is computed, a last position past ``limit``
+    (as :func:`_check_last` refuses host-known ones): nothing is computed during the call, and
+    no wrapped position is ever formed. Blocks on a GPU (CuPy) are not read."""
+    checked: Any = start.map_blocks(_checked_block, seq=seq, limit=limit, dtype=start.dtype, meta=start._meta)
+    return checked
+
+
+def _checked_block(block: Any, *, seq: int, limit: int) -> Any:
+    if type(block).__module__ == "numpy" and block.size:
+        _check_last(int(block.max()), True, limit, "the call", seq)
+    return block
+
+
 def check_shift(spec: PositionSpec, seq: int, shift: int, env: Environment) -> None:
     """Host-known positions moved by an int ``shift`` must stay within the index dtype."""
     span = spec.host_range(seq)
@@ -368,7 +386,7 @@ def position_spec(
         raise ValueError(
             f"offset must be one int, or 1-d with one int per batch row; got shape {values.shape}"
         )
-    return ArrayOffset(values, _largest(values, env))
+    return ArrayOffset(values, _largest(values, env), None if traced else _peak(env, values))
 
 
 def _ndim(positions: Any) -> int:
@@ -409,12 +427,27 @@ def _multi_axis(values: GivenIntegers, streams: int, ndims: Sequence[int] | None
 
 def _largest(values: GivenIntegers, env: Environment) -> int:
     """The largest position offsets of this dtype reach without wrapping: unsigned ones as wide as
-    the index dtype are read as unsigned again (see ArrayOffset.positions)."""
-    known = values.known
-    bits: int = 8 * int(known.dtype.itemsize) if known is not None else 0
-    if known is not None and known.dtype.kind == "u" and bits >= env.index_bits:
-        return (1 << bits) - 1
+    the index dtype are read as unsigned again (see ArrayOffset.positions). From the dtype: the
+    bound holds for offsets read on the host or in a Dask graph alike."""
+    if values.unsigned64 and env.index_bits == 64:
+        return (1 << 64) - 1
     return (1 << (env.index_bits - 1)) - 1
+
+
+# Libraries whose arrays are NumPy arrays behind another interface, on the host and never traced:
+# their offsets are read for the bound on the last position alone (no cached rows, no kernels).
+_HOST_BEHIND = frozenset({"array_api_strict"})
+
+
+def _peak(env: Environment, values: GivenIntegers) -> int | None:
+    """The largest of offsets that are not host-known but live on the host all the same
+    (array-api-strict), read for the bound on the last position; None elsewhere (devices, MLX,
+    JAX, Dask: never read; host-known ones have their span)."""
+    if values.known is not None or env.library not in _HOST_BEHIND or 0 in values.shape:
+        return None
+    import numpy as np  # array-api-strict is built on it
+
+    return int(np.from_dlpack(values.array()).max())
 
 
 def _fits(value: int, env: Environment, arg: str) -> int:
