@@ -9,7 +9,9 @@ eager, at the exported shapes and at others.
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -185,6 +187,12 @@ FALLBACKS = {
 }
 
 
+def _warns_of_max_position(expected: bool) -> Any:
+    """The block warns that a layer exports elementwise for want of max_position (``expected``), or
+    does not (the suite turns any other warning into an error)."""
+    return pytest.warns(UserWarning, match="Pass max_position=") if expected else contextlib.nullcontext()
+
+
 @pytest.mark.parametrize("name", list(FALLBACKS))
 def test_elementwise_form_elsewhere(name: str) -> None:
     """Where the op cannot express the rotation, anyrope's own form: no RotaryEmbedding node, and
@@ -194,7 +202,8 @@ def test_elementwise_form_elsewhere(name: str) -> None:
     module = Rotate(layer, arg)
     where = torch.randint(0, 40, shape) if arg == "positions" else torch.tensor([3, 30])
     inputs = (*inputs_of(2, 5), where)
-    with anyrope.use_fast_paths(False):  # torch-triton: Triton's interpreter makes its op a CPU kernel
+    # torch-triton: Triton's interpreter makes its op a CPU kernel
+    with anyrope.use_fast_paths(False), _warns_of_max_position(name == "no max_position"):
         model = exported(module, inputs)
     counts = op_counts(model)
     assert "RotaryEmbedding" not in counts, counts
@@ -234,3 +243,46 @@ def test_bad_input_raises_ropes_error_while_exporting(bad: str) -> None:
         rope(q, k, **{arg: where})
     with pytest.raises(torch.onnx.OnnxExporterError, match=re.escape(str(expected.value))):
         exported(Rotate(RotaryEmbedding(rope), arg), (q, k, where))
+
+
+def test_a_layer_without_max_position_warns_once_while_exporting() -> None:
+    """Issue 57: a layer whose RoPE lacks max_position exported dozens of elementwise nodes where
+    the standard op would serve, without a word. Each such layer now says so once, naming itself,
+    why, and what to pass; layers the op serves, onnx_op=False and rotations the op cannot
+    express (xPos) say nothing, and neither does an eager call."""
+
+    class Layers(torch.nn.Module):
+        def __init__(self, *layers: Any) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(layers)
+
+        def forward(self, q: Any, k: Any) -> Any:
+            for layer in self.layers:
+                q, k = layer(q, k, offset=3)
+            return q, k
+
+    bare, other = RotaryEmbedding(HEAD_DIM, layout="interleaved"), RotaryEmbedding(HEAD_DIM, base=500.0)
+    quiet = [
+        RotaryEmbedding(HEAD_DIM, max_position=2048),
+        RotaryEmbedding(HEAD_DIM, onnx_op=False),
+        RotaryEmbedding(HEAD_DIM, xpos_scale_base=512.0),
+    ]
+    inputs = inputs_of(2, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # eager calls: nothing to say
+        Layers(bare, other)(*inputs)
+    with pytest.warns(UserWarning, match="Pass max_position=") as caught:
+        model = exported(Layers(bare, bare, other, *quiet), inputs)
+    said = [str(w.message) for w in caught if "max_position" in str(w.message)]
+    assert len(said) == 2, said  # bare once, though called twice and traced by every try of the exporter
+    assert any(repr(bare) in message for message in said), said
+    assert any(repr(other) in message for message in said), said
+    for message in said:
+        assert "elementwise" in message, message
+        assert "RotaryEmbedding operator" in message, message
+        assert "Pass max_position=" in message, message
+    assert op_counts(model)["RotaryEmbedding"] == 2  # the layer with max_position: q and k
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        exported(Layers(bare, other), inputs)
+    assert not [w for w in again if "max_position" in str(w.message)]  # each layer said it once already

@@ -18,10 +18,13 @@ and axial RoPE (several positions per token), frequencies chosen by the sequence
 (``DynamicNTK``, ``LongRoPE``), a RoPE without ``max_position`` (the caches' length), float64
 arrays (the op takes float16, bfloat16 and float32), arrays other than ``(batch, heads, seq,
 head_dim)``, ``(batch, seq, heads, head_dim)`` and ``(batch, seq, head_dim)``, and in-place calls.
+Of these, a layer whose RoPE lacks only ``max_position`` warns once while exporting: the user can
+pass it.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -54,8 +57,34 @@ def unexpressed(rotary: Rotary) -> str | None:
             "with rope.at_length(n))"
         )
     if rotary.max_position is None:
-        return "a RoPE without max_position, the length of the op's cos and sin caches"
+        return _NO_LENGTH
     return None
+
+
+_NO_LENGTH = "a RoPE without max_position, the length of the op's cos and sin caches"
+
+# The layers already warned that they export elementwise for want of max_position, by their
+# serial number: the exporter traces copies of a model, which are the same layers to its user.
+_warned: set[int] = set()
+
+
+def _warn_elementwise(layer: Any) -> None:
+    """Tell the exporting user, once per layer, that ``layer`` exports elementwise only for want of
+    ``max_position``, and what to pass instead."""
+    serial = getattr(layer, "_serial", id(layer))  # a layer pickled before layers had one: its own id
+    if serial in _warned:
+        return
+    _warned.add(serial)
+    warnings.warn(
+        f"torch.onnx.export: {layer!r} exports as anyrope's elementwise form (dozens of elementwise "
+        "nodes) instead of ONNX's standard RotaryEmbedding operator, because its RoPE has no "
+        "max_position, the length of the operator's cos and sin caches. Pass max_position= to the "
+        "RoPE (e.g. RotaryEmbedding(head_dim, max_position=4096), or the model's "
+        "max_position_embeddings) to export the standard operator; onnx_op=False keeps the "
+        "elementwise form without this warning",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 # (ndim, sequence axis) of the arrays the op takes: (batch, heads, seq, d) as they are,
@@ -106,20 +135,25 @@ def _checked(
 
 
 def standard_op(
-    rope: RoPE, q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, *, inplace: bool
+    rope: RoPE, q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, *, inplace: bool, layer: Any
 ) -> Any:
     """``rope(q, k, ...)`` through the standard op, or None where the op cannot express the call.
 
-    Its arguments are checked as ``rope(...)`` checks them, raising its errors."""
+    Its arguments are checked as ``rope(...)`` checks them, raising its errors. A call the op
+    would express but for the RoPE's ``max_position`` warns, once per ``layer``, saying so."""
     rotary = rotary_of(rope)
     arrays = [("q", q)] if k is None else [("q", q), ("k", k)]
     length = rotary.max_position  # the caches' rows
     # older torch releases lack the op: they export the elementwise form
     has_op = hasattr(torch.onnx, "ops") and hasattr(torch.onnx.ops, "rotary_embedding")
-    if inplace or length is None or unexpressed(rotary) is not None or not has_op:
+    why = unexpressed(rotary)
+    if inplace or (why is not None and why is not _NO_LENGTH) or not has_op:
         return None
     ctx, spec, axes = _checked(rotary, arrays, positions, offset, seq_axis)
     if not all(_takes(x, axis) for (_, x), axis in zip(arrays, axes, strict=True)):
+        return None
+    if length is None:  # the op would take this call, given the caches' length
+        _warn_elementwise(layer)
         return None
     # Kept while tracing, unlike every other memo: the exporter traces without dynamo, so no
     # guard reads it, and the tables are constants of the exported graph.

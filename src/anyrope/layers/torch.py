@@ -13,6 +13,7 @@ export as anyrope's elementwise form.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from ._onnx import standard_op, unexpressed
 __all__ = ["RotaryEmbedding"]
 
 _is_exporting = getattr(torch.compiler, "is_exporting", lambda: True)  # older torch: ask torch.onnx alone
+_serials = itertools.count()  # each layer's own number, shared by its copies (see _onnx._warned)
 
 
 class RotaryEmbedding(LayerBase, torch.nn.Module):
@@ -41,7 +43,9 @@ class RotaryEmbedding(LayerBase, torch.nn.Module):
         elsewhere; False always exports the elementwise form; True is None, and raises here
         unless the op expresses this RoPE (it needs ``max_position``, its caches' length, and
         fixed frequencies). Calls the op cannot take whatever the RoPE (float64, other shapes,
-        ``inplace=True``) export elementwise. Eager and compiled calls ignore it.
+        ``inplace=True``) export elementwise. With None, a layer whose RoPE lacks only
+        ``max_position`` warns once (a ``UserWarning`` during the export) that it exports
+        elementwise and what to pass. Eager and compiled calls ignore it.
 
     Examples
     --------
@@ -62,6 +66,7 @@ class RotaryEmbedding(LayerBase, torch.nn.Module):
         if why is not None:  # here rather than in torch.onnx.export, which would retry and bury it
             raise ValueError(f"onnx_op=True, but ONNX's RotaryEmbedding op cannot express {why}")
         self.onnx_op = onnx_op
+        self._serial = next(_serials)
 
     def forward(
         self,
@@ -84,7 +89,7 @@ class RotaryEmbedding(LayerBase, torch.nn.Module):
             and _is_exporting()
             and torch.onnx.is_in_onnx_export()
         ):
-            rotated = standard_op(self._rope, q, k, positions, offset, seq_axis, inplace=inplace)
+            rotated = standard_op(self._rope, q, k, positions, offset, seq_axis, inplace=inplace, layer=self)
             if rotated is not None:
                 return rotated
         return self._rope(
