@@ -280,6 +280,44 @@ def test_inplace_into_a_stride_zero_view_is_refused_before_writing(backend: Back
     np.testing.assert_array_equal(backend.to_numpy(fine), fine_before)
 
 
+# --- issue 57, item 1: arrays of too few axes --------------------------------------------------
+
+
+@FAST
+def test_arrays_of_too_few_axes_name_their_argument(backend: Backend, fast: bool) -> None:
+    """A 0-d (or 1-d) q or k, and 0-d or 3-d positions, are refused naming the argument, on a
+    RoPE's first call of that form and on later ones (a RoPE keeps a plan per call signature,
+    made by the first valid call), with nothing written; a 0-d offset array is one offset."""
+    rope, x_np = anyrope.RoPE(8), _x((2, 3, 4, 8))
+    q = backend.asarray(x_np, "float32")
+    k = backend.asarray(x_np[:, :1], "float32")
+    scalar, row = backend.asarray(np.float32(0.5), "float32"), backend.asarray(x_np[0, 0, 0], "float32")
+    before = _snapshot(backend, q, k)
+    refusals: list[tuple[Callable[[], Any], str]] = [
+        (lambda: rope(scalar), "q must have at least two axes"),
+        (lambda: rope(row), "q must have at least two axes"),
+        (lambda: rope(scalar, k), "q must have at least two axes"),
+        (lambda: rope(q, scalar), "k must have at least two axes"),
+        (lambda: rope(q, row), "k must have at least two axes"),
+        (lambda: rope(q, positions=backend.asarray(np.int64(3))), "positions must be 1-d or 2-d"),
+        (lambda: rope(q, k, positions=backend.asarray(np.zeros((1, 2, 4), np.int64))), "positions must be"),
+        (lambda: rope(scalar, offset=backend.asarray(np.array([1, 2]))), "q must have at least two axes"),
+        (lambda: rope(q, scalar, offset=backend.asarray(np.array([1, 2]))), "k must have at least two axes"),
+    ]
+    with anyrope.use_fast_paths(fast):
+        for _ in range(2):  # the second round meets the plans of the valid calls below
+            for call, message in refusals:
+                with _refused(ValueError, message):
+                    call()
+            _unchanged(backend, (q, k), before)
+            rope(q, k)
+            rope(q, k, positions=backend.asarray(np.arange(4)))
+        one = rope(q, offset=backend.asarray(np.int64(3)))  # a 0-d offset: one for every row
+        np.testing.assert_array_equal(backend.to_numpy(one), backend.to_numpy(rope(q, offset=3)))
+    cos, sin = rope.cos_sin(backend.asarray(np.int64(3)), like=q)  # any shape: () -> (4,)
+    assert tuple(cos.shape) == tuple(sin.shape) == (4,)
+
+
 # --- issue 57, item 2: per-row offsets past the index dtype, on every backend ---------------------
 
 
@@ -562,6 +600,43 @@ def test_packed_positions(backend: Backend, cu: Any, total: Any, offsets: Any) -
     _unchanged(backend, (cu_seqlens,), before)
     if out is not None:
         assert tuple(out.shape) == (int(total),)
+
+
+def _ranked(rank: int, heads: int) -> tuple[int, ...]:
+    """The last ``rank`` axes of (batch 2, heads, seq 4, head_dim 8)."""
+    return (2, heads, 4, 8)[4 - rank :]
+
+
+POSITIONS_OF_RANK = [np.int64(5), np.arange(4) + 5, (np.arange(4) + 5)[None], np.zeros((1, 1, 4), np.int64)]
+
+
+@given(
+    q_rank=st.integers(0, 4), k_rank=st.one_of(st.none(), st.integers(0, 4)),
+    positions_rank=st.one_of(st.none(), st.integers(0, 3)), inplace=st.booleans(),
+)  # fmt: skip
+def test_rope_call_ranks(
+    backend: Backend, q_rank: int, k_rank: int | None, positions_rank: int | None, inplace: bool
+) -> None:
+    """q, k and positions of every rank (issue 57: 0-d ones raised IndexError): refused naming the
+    argument, with nothing written, or rotated exactly by their positions."""
+    rope = anyrope.RoPE(8)
+    q_np = _x(_ranked(q_rank, 3))
+    q = backend.asarray(q_np, "float32")
+    k = None if k_rank is None else backend.asarray(_x(_ranked(k_rank, 1), 1), "float32")
+    arrays = (q,) if k is None else (q, k)
+    before = _snapshot(backend, *arrays)
+    where = (
+        {} if positions_rank is None else {"positions": backend.asarray(POSITIONS_OF_RANK[positions_rank])}
+    )
+    out = _answers(lambda: rope(*arrays, inplace=inplace, **where), "q", "k", "positions", "inplace=")
+    if out is None:
+        _unchanged(backend, arrays, before)
+        return
+    positions = np.arange(4) + (0 if positions_rank is None else 5)
+    for got, was in zip(out if k is not None else (out,), before, strict=True):
+        flat = was.reshape(1, -1, 4, 8)  # every token of every head at its position
+        want = _exact(flat, positions[None], rope).reshape(was.shape)
+        assert_close(backend, got, want, "float32")
 
 
 @given(drops=st.lists(st.integers(0, 8), min_size=1, max_size=3), seq=st.integers(1, 5), one=st.booleans())
