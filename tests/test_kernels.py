@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import anyrope
-from anyrope._compat import TRACERS
 from anyrope._job import SOURCES, KernelKey
+from anyrope._policy import TRACERS
 
 from harness import Backend, assert_close, assert_same
 

@@ -16,13 +16,13 @@ import weakref
 from typing import Any
 
 from ._checks import check_input, check_out, check_tables, normalize_seq_axis
-from ._compat import dynamo_hands_on
 from ._context import CallContext, call_context
 from ._dtypes import compute_dtype, isdtype
 from ._handle import Handle
 from ._job import make_job
 from ._layout import normalize_layout
 from ._plan import launch_of, make_plan, signature
+from ._policy import HAND_ON, JAX_JIT, call_form
 from ._positions import position_spec
 from ._registry import Switch, current_switch, use_fast_paths
 from ._rotary import Rotary
@@ -58,17 +58,18 @@ def rope_call(
             "inverse=True does not combine with xPos: its decay scales q and k, which turning back "
             "does not undo; use a RoPE without xpos_scale_base"
         )
-    if type(q).__name__ == "ArrayImpl" and _jax_compiles(q, k, positions, offset, seq_axis, inplace):
+    form = call_form(q, k, positions, offset, seq_axis, inplace, lambda: current_switch(True))
+    if form == JAX_JIT:
         # Offset 0 (the default, and every prefill) stays a Python int, known while traced: the
         # digit tables then cover only the positions of this length. Other ints are traced, so
         # decode steps share one program.
         start = None if positions is not None or (type(offset) is int and offset == 0) else offset
         return _jax_compiled(rotary, seq_axis, inverse)(q, k, positions, start)
-    if _torch_hands_on(q, k, positions, offset, seq_axis, inplace):
+    if form == HAND_ON:
         from ._torch_ops import hand_on, refused  # imports torch: q came from it
 
         handed = (() if value is None else value for value in (k, positions))  # no None in a pytree
-        # An int offset is 0 here (see _torch_hands_on), passed as the literal: one that dynamo
+        # An int offset is 0 here (see call_form), passed as the literal: one that dynamo
         # made symbolic after it changed would reach the handed-on call as a SymInt
         start = 0 if type(offset) is int else offset
         out = hand_on(_HANDED_ON, rotary.handle, q, *handed, start, seq_axis, inverse, current_switch(True))
@@ -76,29 +77,6 @@ def rope_call(
             return out
     plan, source = make_plan(rotary, q, k, positions, offset, seq_axis, inplace, inverse, keep=key)
     return plan.run_with(source, q, k)
-
-
-# An offset this far from 0 leaves room for any sequence within int32: past it, the eager path
-# checks that the last position fits.
-_SAFE_OFFSET = 2**30
-
-
-def _torch_hands_on(q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inplace: bool) -> bool:
-    """Whether dynamo traces this call and can hand it whole to AOTAutograd, to be traced there
-    as plain Python (:func:`anyrope._torch_ops.hand_on`): dynamo then guards the call's
-    arguments, not every function and constant that anyrope's Python reads (10 us of a 100 us
-    compiled decode step on a CPU). Its arrays must be tensors and every other argument a Python
-    scalar; lists, NumPy positions, ``inplace`` and a Kernel object as the switch are traced by
-    dynamo step by step, as before. So is an int offset other than 0: dynamo makes a changing
-    int symbolic, which a handed-on call would fix to each value (a compilation per decode step),
-    and dynamo shows a symbolic int as an int (0 itself is handed on as the literal)."""
-    if inplace or type(seq_axis) is not int or not dynamo_hands_on(q):
-        return False
-    if not all(value is None or type(value) is type(q) for value in (k, positions)):
-        return False
-    if not (type(offset) is type(q) or (type(offset) is int and offset == 0)):
-        return False
-    return type(current_switch(True)) in (bool, str)
 
 
 def _rope_handed_on(
@@ -120,19 +98,6 @@ def _rope_handed_on(
 
 # What hand_on calls: made before any trace, as dynamo takes a constant argument (see ._handle)
 _HANDED_ON = Handle(_rope_handed_on)
-
-
-def _jax_compiles(q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inplace: bool) -> bool:
-    """Whether an eager JAX call runs as one jitted call: its arrays are concrete JAX arrays and
-    every other argument is either static or an array or int that jax.jit traces. Anything else
-    (lists, NumPy positions, ``inplace``, odd types) takes the eager path and its checks."""
-    if inplace or type(seq_axis) is not int or not (k is None or type(k) is type(q)):
-        return False
-    if positions is not None:
-        return type(positions) is type(q) and type(offset) is int and offset == 0
-    if type(offset) is int:
-        return -_SAFE_OFFSET < offset < _SAFE_OFFSET
-    return type(offset) is type(q)
 
 
 # Per RoPE, its jitted calls: weakly keyed, and each holds only a weak reference back, so a RoPE

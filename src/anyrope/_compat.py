@@ -18,7 +18,6 @@ from ._memo import Memo
 from ._mlx import MLXNamespace, mlx_namespace
 
 __all__ = [
-    "TRACERS",
     "Environment",
     "array_namespace",
     "check_same_device",
@@ -34,7 +33,6 @@ __all__ = [
     "library_name",
     "materialize",
     "take_rows",
-    "tracer",
 ]
 
 
@@ -285,86 +283,6 @@ def is_traced(xp: Any, *arrays: Any) -> bool:
 
         return any(isinstance(x, jax.core.Tracer) for x in arrays)
     return False
-
-
-#: What traces a traced call, as kernels declare it (see :func:`tracer`).
-TRACERS = ("torch.compile", "torch.export", "other")
-
-
-def tracer(xp: Any, traced: bool) -> str:
-    """What traces a call (``traced``: :func:`is_traced` said so): "torch.compile" while dynamo
-    traces it for torch.compile, "torch.export" while torch.export does (by default without
-    dynamo; its strict mode with it, told apart from torch 2.12 on), "other" for every other
-    tracer (``jax.jit``, ``torch.jit.trace``, ``torch.func``, fake tensors), and "" for an eager
-    call."""
-    if not traced:
-        return ""
-    if not is_library(xp, "torch"):
-        return "other"
-    import torch
-
-    # _torch_ops, loaded here before any kernel is chosen, has dynamo fold Handle.fetch (._handle)
-    from ._torch_ops import dynamo_traces
-
-    if dynamo_traces():
-        return "torch.compile"
-    return "torch.export" if torch.compiler.is_compiling() else "other"
-
-
-def keep_tables(xp: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
-    """A call's cos and sin tables, formed once however many arrays and heads read them.
-
-    Under ``torch.compile`` they pass through an operator inductor cannot fuse into the rotation
-    (:mod:`anyrope._torch_ops`). While ``torch.export`` traces (by default without dynamo), whose
-    programs keep to standard operators that ONNX and other runtimes know, they are scattered into
-    a buffer of their own, which AOTInductor keeps as well; not for ONNX, whose runtimes form each
-    node once anyway. Under ``jax.jit`` see :func:`_jax_keep`. Elsewhere they are returned as they
-    are.
-    """
-    if is_library(xp, "jax.numpy"):
-        return _jax_keep(cos), _jax_keep(sin)
-    if not is_library(xp, "torch"):
-        return cos, sin
-    import torch
-
-    if not hasattr(torch.library, "register_fake"):  # torch < 2.4
-        return cos, sin
-    # defines its operator as it loads: eagerly, never traced
-    from ._torch_ops import keep_tables as keep
-    from ._torch_ops import scatter_tables
-
-    kept: tuple[Any, Any]
-    which = tracer(xp, traced=True)  # only traced calls ask
-    if which == "torch.export" and not torch.onnx.is_in_onnx_export():
-        kept = scatter_tables(cos, sin)
-        return kept
-    if which != "torch.compile":
-        return cos, sin
-    if cos.requires_grad or sin.requires_grad:  # the operator has no gradient (no table needs one)
-        return cos, sin
-    kept = keep(cos, sin)
-    return kept
-
-
-def _jax_keep(table: Any) -> Any:
-    """``table`` as XLA keeps it: computed once into a buffer of its own, not again inside the
-    rotation's loop over every head (the digits' angle additions with x64 off, float64 cos and sin
-    with it on: 2 to 50 times a copy of q and k on a CPU, where the rotation alone is about one).
-
-    XLA fuses a cheap producer into every consumer, even one that reads each of its elements once
-    per head through a broadcast, and its CPU compiler removes ``optimization_barrier`` before it
-    fuses. An expensive producer it keeps out of such a consumer: a floating remainder is one, and
-    the remainder of every table value by the dtype's largest gives it back bit for bit (an
-    elementwise operation, so a sharded table stays where it is, where a gather of its own rows
-    would make XLA gather them across a mesh). The barrier keeps the table on compilers that keep
-    barriers until after fusion (GPUs).
-    """
-    import jax
-
-    lax: Any = jax.lax  # untyped in JAX's stubs
-    jnp: Any = jax.numpy
-    largest = jnp.asarray(jnp.finfo(table.dtype).max, dtype=table.dtype)
-    return lax.optimization_barrier(jnp.fmod(table, largest))  # C's fmod: the sign of table
 
 
 def host_array(xp: Any, x: Any, traced: bool) -> Any:

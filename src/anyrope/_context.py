@@ -1,5 +1,5 @@
-"""One call's context: the namespace, the environment of the device, whether the call is traced,
-and whether it needs gradients. Built once at each public entry point and passed down as one value.
+"""One call's context: the namespace, the environment of the device, whether the call is traced
+(and the compiler policy that holds then), and whether it needs gradients. Built once at each public entry point and passed down as one value.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ._compat import (
     is_traced,
     namespace_and_library,
 )
+from ._policy import Tracing, tracing
 
 __all__ = ["TRACEABLE", "CallContext", "call_context", "inspect_call", "make_context", "needs_grad"]
 
@@ -27,7 +28,8 @@ TRACEABLE = frozenset({"torch", "jax.numpy"})
 class CallContext:
     """``xp``: the array-API namespace; ``env``: what the device offers; ``traced``: a compiler
     is tracing (nothing may read a value or a memo); ``grad``: autograd records the call;
-    ``library`` and ``device``: the environment's, kept as fields (read on every call)."""
+    ``library`` and ``device``: the environment's, kept as fields (read on every call);
+    ``tracing``: how the call differs from an eager one (:mod:`anyrope._policy`)."""
 
     xp: Any
     env: Environment
@@ -35,6 +37,7 @@ class CallContext:
     grad: bool
     library: str
     device: Any
+    tracing: Tracing
 
 
 def call_context(
@@ -73,7 +76,7 @@ def inspect_call(
 def make_context(xp: Any, anchor: Any, traced: bool, grad: bool) -> CallContext:
     """The context of a call whose device is ``anchor``'s."""
     env = environment(xp, device_of(xp, anchor), traced=traced)
-    return CallContext(xp, env, traced, grad, env.library, env.device)
+    return CallContext(xp, env, traced, grad, env.library, env.device, tracing(xp, traced))
 
 
 def needs_grad(arrays: tuple[Any, ...]) -> bool:

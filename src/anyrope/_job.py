@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeAlias
 
 from ._arrays import is_installed
-from ._compat import TRACERS, is_c_contiguous, tracer
+from ._compat import is_c_contiguous
 from ._context import CallContext
 from ._dtypes import dtype_name
 from ._layout import Layout
+from ._policy import TRACERS
 
 __all__ = [
     "ANY",
+    "FORMS",
     "INTO",
     "IN_PLACE",
     "NEW",
@@ -31,6 +33,7 @@ __all__ = [
     "TableSource",
     "key_prefix",
     "make_job",
+    "offers",
     "turn_alike",
 ]  # fmt: skip
 
@@ -58,7 +61,7 @@ class KernelKey(NamedTuple):
     unsigned64: bool  # 64-bit unsigned position integers
     strided_out: bool  # an in-place or out= destination that is not C-contiguous
     table_grad: bool  # the caller's tables themselves need gradients
-    tracer: str  # what traces the call (see anyrope._compat.tracer), "" for an eager call
+    tracer: str  # what traces the call (see anyrope._policy.TRACERS), "" for an eager call
     one_token: bool  # one token per sequence: a decode step
 
 
@@ -69,7 +72,8 @@ def key_prefix(ctx: CallContext, dtype: Any, layout: Layout, inplace: bool) -> t
 
 
 class TableSource(Protocol):
-    """The angles of a call's array, as tables or as a fused kernel forms them."""
+    """The angles of a call's array: every source's tables, and the forms of :data:`FORMS` its
+    kind offers beside them."""
 
     kind: str  # one of SOURCES
     device_frequencies: bool  # frequencies chosen on the device
@@ -79,19 +83,27 @@ class TableSource(Protocol):
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
         """Compact (cos, sin), shape (seq, pairs) or (rows, seq, pairs), in ``dtype``."""
 
-    def lookup(self, seq: int, dtype: Any) -> tuple[Any, Any] | None:
-        """(a table of cos and sin side by side, (rows, seq) host indices into it), or None:
-        cached rows a CPU kernel can read by position, with no gathered copy."""
 
-    def signed(self, seq: int, dtype: Any, layout: Layout) -> tuple[Any, Any] | None:
-        """(cos, :func:`anyrope._tables.signed_sin`), the MLX kernel's form, made once for every
-        array that shares it (from cached rows where they serve the call), or None where each
-        array's tables are its own (given tables, xPos): the kernel stacks them."""
+# The forms of the angles a source of the call's positions offers (anyrope._tables.PositionTables):
+# ``lookup``: (a table of cos and sin side by side, (rows, seq) host indices into it), or None:
+# cached rows a CPU kernel reads by position, with no gathered copy; ``signed``: (cos,
+# signed_sin), the MLX kernel's form, made once for q and k; ``side_by_side``: the call's one
+# table of cos and sin side by side, rows 0, 1, ... its tokens (kept rows while dynamo traces);
+# ``kernel_angles``: the angles as a fused kernel forms them.
+_POSITION_FORMS = frozenset({"lookup", "signed", "side_by_side", "kernel_angles"})
 
-    def traced_side_by_side(self, seq: int, dtype: Any) -> Any:
-        """While traced: the call's cos and sin side by side (rows 0, 1, ... its tokens), made
-        once for every array that shares it, or None where each array puts its own tables side
-        by side (an eager call, or tables that differ per array)."""
+#: The forms each kind of source offers beside its tables: a kernel asks once, as it prepares a
+#: launch (:func:`offers`), so no source answers for a form it does not have.
+FORMS: dict[str, frozenset[str]] = {
+    **dict.fromkeys(("offset", "row-offsets", "positions", "multi-axis"), _POSITION_FORMS),
+    "tables": frozenset({"kernel_angles"}),  # the caller's (anyrope._tables.GivenTables)
+    "xpos": frozenset(),  # scaled per array (anyrope._tables.XPosTables)
+}
+
+
+def offers(job: Job, form: str) -> bool:
+    """Whether the source of ``job``'s angles offers ``form`` (see :data:`FORMS`)."""
+    return form in FORMS[job.key.source]
 
 
 #: What a job's result is written into: a new array, x itself, or another array (``apply``'s out=).
@@ -150,7 +162,7 @@ def make_job(
     key = KernelKey._make((
         *prefix, source.kind, source.device_frequencies, env.float64 and env.index_bits == 64,
         source.unsigned64, out is not None and not is_c_contiguous(ctx.xp, out), source.table_grad,
-        tracer(ctx.xp, ctx.traced), one_token,
+        ctx.tracing.tracer, one_token,
     ))  # fmt: skip
     writes = NEW if out is None else IN_PLACE if out is x else INTO
     return Job(
@@ -198,6 +210,13 @@ class Kernel:
     # larger part of a GPU decode step's time. Given two jobs it takes that share a source of
     # angles; None where it launches them apart.
     prepare_pair: Callable[[Job, Job], PairLaunch | None] | None = field(
+        default=None, repr=False, compare=False
+    )
+    # Its launches for a traced call, where they differ from an eager call's (a custom operator
+    # the compiler keeps in its graph): chosen by the call's policy (anyrope._policy), so the
+    # kernel never asks what traces it. Without a traced pair launch, a traced call launches apart.
+    prepare_traced: Callable[[Job], Launch] | None = field(default=None, repr=False, compare=False)
+    prepare_pair_traced: Callable[[Job, Job], PairLaunch | None] | None = field(
         default=None, repr=False, compare=False
     )
     requires: tuple[str, ...] = ()

@@ -19,7 +19,7 @@ from typing import Any
 
 from ._angles import level_steps, split_levels
 from ._cache import table_cache
-from ._compat import Environment, environment, is_library
+from ._compat import Environment, environment
 from ._context import CallContext
 from ._frequencies import PairFrequencies
 from ._memo import Memo
@@ -76,18 +76,18 @@ def device_steps(ctx: CallContext, rotary: Rotary, freqs: PairFrequencies, *, mu
     """The steps (and, for several position streams, the stream of each pair) on the device:
     made there once and kept (a copy per call could not be replayed by a CUDA graph).
 
-    While dynamo traces, fetched as plain Python from that same cache through the rotary's
-    handle (see :mod:`._handle`): a tensor made inside the trace would be a constant that the
-    compiled graph copies on every call (on a GPU a launch of its own beside the rotation's),
-    while one that exists is an input read in place. Other tracers build them in the graph."""
+    Where the call's policy fetches kept constants (:attr:`anyrope._policy.Tracing.fetches`),
+    fetched as plain Python from that same cache through the rotary's handle (see
+    :mod:`._handle`): a tensor made inside the trace would be a constant that the compiled graph
+    copies on every call (on a GPU a launch of its own beside the rotation's), while one that
+    exists is an input read in place. Other tracers build them in the graph."""
     xp, device = ctx.xp, ctx.device
-    if ctx.traced and is_library(xp, "torch"):
-        from ._torch_ops import as_traced, dynamo_traces  # imports torch: the array came from it
+    which = rotary.spectrum.name_of(freqs) if ctx.tracing.fetches else None
+    if which is not None:
+        from ._torch_ops import as_traced  # imports torch: only dynamo fetches
 
-        which = rotary.spectrum.name_of(freqs)
-        if which is not None and dynamo_traces():
-            steps, streams = as_traced(*rotary.handle.fetch(_kept_steps, device, which, multi))
-            return steps, streams
+        steps, streams = as_traced(*rotary.handle.fetch(_kept_steps, device, which, multi))
+        return steps, streams
     return _device_steps(xp, ctx.env, rotary, freqs, multi, ctx.traced)
 
 

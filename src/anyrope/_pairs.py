@@ -62,7 +62,7 @@ def turn_pairs(xp: Any, x: Any, cos: Any, sin: Any, *, layout: Layout, inverse: 
         new_a, new_b = a * cos - b * sin, b * cos + a * sin
     # Each half rounded to x's dtype before the stack, not after: inductor writes a stack as
     # views of one buffer, which it cannot fuse with a cast, so a 16-bit x otherwise took a
-    # float32 buffer and a pass more (2x the bytes of a copy, then 3x).
+    # float32 buffer and a pass more.
     turned = [xp.astype(new_a, dtype, copy=False), xp.astype(new_b, dtype, copy=False)]
     rotated = xp.reshape(xp.stack(turned, axis=axis), (*new_a.shape[:-1], rotary_dim))
     if rotary_dim < x.shape[-1]:

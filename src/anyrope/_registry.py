@@ -159,17 +159,21 @@ def prepare(jobs: tuple[Job, ...], switch: Switch, *, shared: bool) -> Any:
     """The launch of a call's jobs: every kernel chosen (under ``switch``) before any is prepared.
     One job: its kernel's :data:`anyrope._job.Launch`. Two (q and k): a
     ``launch(q, k, out_q, out_k, source_q, source_k)``, one launch where one kernel took both,
-    ``shared`` says they turn by one source of angles and the kernel pairs them."""
+    ``shared`` says they turn by one source of angles and the kernel pairs them. Each kernel's
+    eager or traced launch, as the call's policy says (:meth:`anyrope._policy.Tracing.prepared`)."""
     chosen = tuple(choose(job, switch) for job in jobs)
+    policy = jobs[0].ctx.tracing
     if len(jobs) == 1:
-        return chosen[0].prepare(jobs[0])
+        return policy.prepared(chosen[0].prepare, chosen[0].prepare_traced)(jobs[0])
     q, k = jobs
     first, second = chosen
-    if shared and first is second and first.prepare_pair is not None:
-        together = first.prepare_pair(q, k)
+    pair = policy.paired(first.prepare_pair, first.prepare_pair_traced)
+    if shared and first is second and pair is not None:
+        together = pair(q, k)
         if together is not None:
             return together
-    launch_q, launch_k = first.prepare(q), second.prepare(k)
+    launch_q = policy.prepared(first.prepare, first.prepare_traced)(q)
+    launch_k = policy.prepared(second.prepare, second.prepare_traced)(k)
 
     def apart(x: Any, y: Any, out_x: Any, out_y: Any, source_x: Any, source_y: Any) -> tuple[Any, Any]:
         return launch_q(x, out_x, source_x), launch_k(y, out_y, source_y)

@@ -17,11 +17,12 @@ from typing import Any
 
 from ._angles import cos_sin, cos_sin_of_angles
 from ._cache import table_cache, untracked
-from ._compat import Environment, environment, float64_scope, is_library, keep_tables, materialize, take_rows
+from ._compat import Environment, environment, float64_scope, materialize, take_rows
 from ._context import CallContext
 from ._frequencies import LengthSwitch, PairFrequencies
 from ._kernel_angles import OFFSET, POSITIONS, STARTS, TABLES, KernelAngles, device_steps
 from ._layout import Layout
+from ._policy import keep_tables
 from ._positions import ArrayOffset, MultiAxis, Offset, Positions, PositionSpec
 from ._rotary import Rotary
 from ._xpos import xpos_scale
@@ -97,7 +98,7 @@ def prefix_tables(
     return table_cache.prefix(key, length, build, row_bytes=row_bytes, hint=rotary.max_position or 0)
 
 
-#: Positions in the prefix table a traced call reads (see PositionTables._traced_rows): 8192
+#: Positions in the prefix table a traced call reads (see PositionTables._kept_rows): 8192
 #: positions of 64 pairs take 4 MiB in float32.
 TRACED_ROWS = 8192
 
@@ -216,60 +217,52 @@ class PositionTables:
         return _once(self._made, seq, dtype, lambda: self._make_tables(seq, dtype))  # type: ignore[no-any-return]
 
     def _make_tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
-        if not self.ctx.traced:
+        policy = self.ctx.tracing
+        if not policy.tracer:
             return _recent_tables(self, seq, dtype)
-        kept = self._traced_rows(seq, dtype, "cos", "sin")
+        kept = self._kept_rows(seq, dtype, "cos", "sin")
         if kept is not None:
             return kept[0], kept[1]
         # formed once, not again in the loop over each array's heads
-        return keep_tables(self.ctx.xp, *self._tables(seq, dtype))
+        return keep_tables(policy, self.ctx.xp, *self._tables(seq, dtype))
 
-    def traced_side_by_side(self, seq: int, dtype: Any) -> Any:
-        """While traced, the call's table of :func:`side_by_side`, one for q and k: at an int
-        offset inside the kept prefix, its rows, fetched as :meth:`_traced_rows` fetches cos
-        and sin (the graph forms and stacks nothing); else :meth:`tables` put side by side.
-        None for an eager call."""
-        if not self.ctx.traced:
-            return None
+    def side_by_side(self, seq: int, dtype: Any) -> Any:
+        """The call's table of :func:`side_by_side`, one for q and k: at an int offset inside the
+        kept prefix, while the policy fetches its rows, those rows, fetched as
+        :meth:`_kept_rows` fetches cos and sin (the graph forms and stacks nothing); else
+        :meth:`tables` put side by side."""
 
         def make() -> Any:
-            found = self._traced_rows(seq, dtype, "side_by_side")
+            found = self._kept_rows(seq, dtype, "side_by_side")
             return side_by_side(self.ctx.xp, *self.tables(seq, dtype)) if found is None else found[0]
 
         return _once(self._sides, seq, dtype, make)
 
-    def _traced_rows(self, seq: int, dtype: Any, *parts: str) -> tuple[Any, ...] | None:
-        """While dynamo traces a call at an int offset: its rows of the cached prefix table's
-        ``parts`` (see :data:`_PARTS`), fetched as plain Python through the rotary's handle (see
+    def _kept_rows(self, seq: int, dtype: Any, *parts: str) -> tuple[Any, ...] | None:
+        """Where the call's policy reads kept rows (:attr:`anyrope._policy.Tracing.kept_rows`)
+        and the call is at an int offset: its rows of the cached prefix table's ``parts`` (see
+        :data:`_PARTS`), fetched as plain Python through the rotary's handle (see
         :mod:`._handle`), so they enter the graph as inputs. Tables formed in the graph cost the
-        cos and sin of every position on every call: on a CPU about 1 ms per 1024 positions and
-        core, several times a copy of q and k. The table holds :data:`TRACED_ROWS` positions
-        (fewer where the RoPE's ``max_position`` says so); a call past them forms its own (a
-        guard on its traced length)."""
-        ctx, spec, freqs = self.ctx, self.spec, self.freqs
-        if not (is_library(ctx.xp, "torch") and self.plain and isinstance(spec, Offset)):
+        cos and sin of every position on every call, several times a copy of q and k. The table
+        holds :data:`TRACED_ROWS` positions (fewer where the RoPE's ``max_position`` says so); a
+        call past them forms its own (a guard on its traced length)."""
+        policy, spec, freqs = self.ctx.tracing, self.spec, self.freqs
+        if not (policy.kept_rows and self.plain and isinstance(spec, Offset)):
             return None
         which = self.rotary.spectrum.name_of(freqs) if isinstance(freqs, PairFrequencies) else None
         if which is None:
             return None
-        from ._torch_ops import (
-            as_traced,
-            dynamo_static_by_default,
-            dynamo_traces,
-            handed_on,
-        )  # imports torch: the array came from it
+        from ._torch_ops import as_traced  # imports torch: the array came from it
 
-        if not dynamo_traces() or not dynamo_static_by_default():
-            return None
         start = spec.start
         if start < 0 or start + seq > _traced_length(self.rotary):
             return None
         # A handed-on call (offset 0, see rope_call) takes the rows themselves: AOTAutograd's graph
         # copies a constant on every call. Each part is fetched apart: dynamo cannot index a
         # tuple of fetched tensors (dynamic=True)
-        rows = (start, start + seq) if handed_on() else None
+        rows = (start, start + seq) if policy.handed_on else None
         fetch = self.rotary.handle.fetch
-        kept = [fetch(_kept_prefix, ctx.device, dtype, which, part, rows) for part in parts]
+        kept = [fetch(_kept_prefix, self.ctx.device, dtype, which, part, rows) for part in parts]
         if kept[0] is None:
             return None
         if rows is not None:
@@ -505,15 +498,6 @@ class GivenTables:
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:  # noqa: ARG002 - one pair for every array
         return self.cos, self.sin
 
-    def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
-        return None
-
-    def signed(self, seq: int, dtype: Any, layout: Layout) -> None:  # noqa: ARG002 - tables of one array
-        return None
-
-    def traced_side_by_side(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
-        return None
-
     def kernel_angles(self, x: Any, seq_axis: int) -> KernelAngles:  # noqa: ARG002
         cos, sin = self.cos, self.sin
         if cos.ndim == 2:
@@ -543,12 +527,3 @@ class XPosTables:
         cos, sin = source.tables(seq, dtype)
         scale = xpos_scale(source.ctx, source.spec, seq, source.rotary, self.sign, dtype)
         return cos * scale, sin * scale
-
-    def lookup(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
-        return None
-
-    def signed(self, seq: int, dtype: Any, layout: Layout) -> None:  # noqa: ARG002 - tables of one array
-        return None
-
-    def traced_side_by_side(self, seq: int, dtype: Any) -> None:  # noqa: ARG002
-        return None

@@ -67,9 +67,9 @@ def hand_on(entry: Handle[Any], owner: Handle[Any], *args: Any) -> Any:
     AOTAutograd traces as plain Python (``torch._dynamo.nonstrict_trace``).
 
     dynamo guards every global, function and attribute that the code it traces reads: about
-    350 guards for a call of anyrope, 12 us before every compiled call on a CPU (transformers'
-    rotary: 2.4 us). A handed-on call costs guards on its arguments and on torch's pytree
-    registry, which dynamo reads as it flattens them: about 200, 6 us. ``args`` must be tensors,
+    350 guards for a call of anyrope, checked before every compiled call (several times
+    transformers' rotary's). A handed-on call costs guards on its arguments and on torch's pytree
+    registry, which dynamo reads as it flattens them: about 200. ``args`` must be tensors,
     Python scalars and tuples of them (no None); dynamo specialises the scalars, a symbolic int
     included. What the call reads beside them must not change: a frozen owner, module constants.
     AOTAutograd's cache passes over such graphs (nonstrict_trace is not cacheable), so a new
@@ -152,8 +152,8 @@ def real_tensors() -> contextlib.AbstractContextManager[Any]:
 
 
 # A torch.library operator, not a custom_op: a custom_op's Python wrapper and autograd kernel
-# cost about 7 us more on every compiled call, a twentieth of a decode step. No gradient is
-# registered: :func:`anyrope._compat.keep_tables` passes tables that need one around it.
+# cost more on every compiled call. No gradient is registered: :func:`anyrope._policy.keep_tables`
+# passes tables that need one around it.
 _LIBRARY = torch.library.Library("anyrope", "FRAGMENT")
 _LIBRARY.define("keep_tables(Tensor tables) -> Tensor")
 _LIBRARY.impl("keep_tables", lambda tables: tables.clone(), "CompositeExplicitAutograd")

@@ -55,6 +55,8 @@ REGISTRY: tuple[Kernel, ...] = (
         differentiable=True,
         prepare=triton_cuda.prepare,
         prepare_pair=triton_cuda.prepare_pair,
+        prepare_traced=triton_cuda.prepare_traced,
+        prepare_pair_traced=triton_cuda.prepare_pair_traced,
         requires=("triton",),
         # Not torch.export: an exported program holding anyrope's op loads only where anyrope is
         # imported, ONNX has no such operator, and AOTInductor's package of it crashed at load
@@ -94,11 +96,12 @@ REGISTRY: tuple[Kernel, ...] = (
         # transforms would need the op's vmap rule.
         tracers=frozenset({"torch.compile"}),
         # A decode step under torch.compile is little work to rotate: the operator's
-        # fixed cost (dispatch, NumPy views, waking numba's threads) took up to 2x inductor's code.
+        # fixed cost (dispatch, NumPy views, waking numba's threads) took longer than inductor's code.
         traced_one_token=False,
         differentiable=True,
         prepare=numba_cpu.prepare,
         prepare_pair=numba_cpu.prepare_pair,
+        prepare_traced=numba_cpu.prepare_traced,
         requires=("numba",),
         strided_out=False,
         table_grad=False,

@@ -2,11 +2,11 @@
 
 Arrays arrive in a canonical five-axis form: x and out are (batch, lead, seq, trail, head_dim),
 the table is (length, 2 * pairs), each pair's cos and sin side by side (read as one stream, in
-x's pair order: 3 to 10 % faster than two tables), and positions (1 or batch, seq) rows of it.
+x's pair order: faster than two tables), and positions (1 or batch, seq) rows of it.
 Each pair is read before it is written, so out may be x itself. One launch takes two arrays (q
 and k), each row turned by one inlined helper, :func:`_turn`, given its indices and the pair
 count: a helper that worked them out itself, or a loop that chose between the two arrays per
-element, kept LLVM from vectorising the inner loop and ran 1.5 to 2 times slower.
+element, kept LLVM from vectorising the inner loop.
 
 16-bit floats travel as int16 bits (a dtype torch can view them as), are widened to float32 in
 registers and rounded to nearest even once on the way out, bit for bit as NumPy's and torch's
@@ -184,8 +184,8 @@ def rotations(storage: int) -> dict[str, Callable[..., None]]:
     table (see :func:`anyrope._tables.side_by_side`) and (1 or batch, seq) positions;
     ``copy_tail``: whether out is not x, so that the features past the pairs are copied;
     ``sign`` -1.0 turns the other way (sin negated, exactly). Each is compiled parallel only:
-    run on one thread (:func:`._numba.on_one_thread`), it is 2 to 3 times faster than numba's
-    serial compilation of the same loop, which LLVM vectorised worse."""
+    run on one thread (:func:`._numba.on_one_thread`), it is faster than numba's serial
+    compilation of the same loop, which LLVM vectorised worse."""
     return {
         name: numba.njit(parallel=True, cache=True, nogil=True)(_rotate(storage, layout, name))
         for name, layout in (("half", HALF), ("interleaved", INTERLEAVED))

@@ -86,7 +86,7 @@ def on_one_thread(fn: Callable[..., None]) -> Callable[..., None]:
     from numba.np.ufunc import parallel
 
     # The pool is running (kernel() started it), so numba's unchecked setters serve: the public
-    # ones check and start it on every call, 3 us of a small call's 5 (numba 0.68).
+    # ones check and start it on every call, most of a small call's time (numba 0.68).
     get = getattr(parallel, "_get_num_threads", numba.get_num_threads)
     set_ = getattr(parallel, "_set_num_threads", numba.set_num_threads)
 

@@ -1,8 +1,7 @@
 """The numba kernel as a torch operator, for calls that ``torch.compile`` traces (imports torch).
 
 Inductor cannot call numba, and left to compile the generic code itself it writes the
-interleaved rotation of 16-bit floats as a scalar loop: 2x a compiled copy of q and k on a CPU,
-where the numba pass takes half a copy. As an operator with a fake implementation the pass is
+interleaved rotation of 16-bit floats as a scalar loop, several times the numba pass on a CPU. As an operator with a fake implementation the pass is
 one node of the graph, which inductor calls between its own kernels; its gradient is the
 inverse rotation through the same operator. Its table is the call's own cos and sin side by
 side (:func:`anyrope._tables.side_by_side`), as the graph forms or reads them, with rows 0, 1,

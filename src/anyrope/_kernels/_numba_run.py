@@ -197,5 +197,5 @@ def _as_tensor(x: Any, buffer: Any) -> Any:
 
 
 # Below this many elements one thread is faster than waking the pool (measured in nox -s bench:
-# 1x8x16x64 takes 5 us on one thread, and a parallel launch costs 10 to 20 us with a busy core).
+# a parallel launch costs more than a 1x8x16x64 call takes on one thread, the more so on a busy core).
 _PARALLEL_FROM = 1 << 16

@@ -34,7 +34,7 @@ from .._job import IN_PLACE, NEW
 from .._kernel_angles import POSITIONS, STARTS, TABLES, KernelAngles
 from .._pairs import five_axes
 
-__all__ = ["prepare", "prepare_pair"]
+__all__ = ["prepare", "prepare_pair", "prepare_pair_traced", "prepare_traced"]
 
 HALF, INVERSE, SCALED = 1, 2, 4  # flags of a call
 
@@ -400,11 +400,11 @@ def _angles(job: Any, fused: KernelAngles) -> Angles:
 
 
 def prepare(job: Any) -> Any:
-    """The launch of one job: an eager call that records no gradient launches the kernel itself
-    (the op layer, which torch.compile, torch.export and autograd need, costs an eager call
-    more than its launch); the others go through the ops."""
+    """The launch of one job of an eager call: one that records no gradient launches the kernel
+    itself (the op layer, which torch.compile, torch.export and autograd need, costs an eager
+    call more than its launch); one that does goes through the ops."""
     axis, writes = job.seq_axis, job.writes
-    if not job.key.tracer and not job.ctx.grad:
+    if not job.ctx.grad:
 
         def direct(x: torch.Tensor, out: Any, source: Any) -> Any:
             angles = _angles(job, source.kernel_angles(x, axis))
@@ -414,6 +414,12 @@ def prepare(job: Any) -> Any:
             return out
 
         return direct
+    return prepare_traced(job)
+
+
+def prepare_traced(job: Any) -> Any:
+    """The launch of one job through the ops: a traced call's, or one autograd records."""
+    axis = job.seq_axis
 
     def through_ops(x: torch.Tensor, out: Any, source: Any) -> Any:
         return _call_ops(job, x, out, source.kernel_angles(x, axis))
@@ -423,9 +429,9 @@ def prepare(job: Any) -> Any:
 
 def prepare_pair(q: Any, k: Any) -> Any:
     """The launch of q and k of one source, dtype, layout and destination kind (both new arrays,
-    or both in place) in one kernel launch."""
+    or both in place) in one kernel launch: an eager call's (see :func:`prepare`)."""
     x_axis, y_axis, new = q.seq_axis, k.seq_axis, q.writes == NEW
-    if not q.key.tracer and not q.ctx.grad:
+    if not q.ctx.grad:
 
         def direct(
             x: torch.Tensor, y: torch.Tensor, out_x: Any, out_y: Any, source: Any, _: Any
@@ -437,6 +443,13 @@ def prepare_pair(q: Any, k: Any) -> Any:
             return out_x, out_y
 
         return direct
+    return prepare_pair_traced(q, k)
+
+
+def prepare_pair_traced(q: Any, k: Any) -> Any:
+    """The launch of q and k in one kernel launch through the ops: a traced call's, or one
+    autograd records."""
+    x_axis, y_axis, new = q.seq_axis, k.seq_axis, q.writes == NEW
 
     def through_ops(x: torch.Tensor, y: torch.Tensor, out_x: Any, out_y: Any, source: Any, _: Any) -> Any:  # noqa: ARG001
         fused = source.kernel_angles(x, x_axis)

@@ -4,11 +4,11 @@ The generic path splits x into its two halves and joins the results with a conca
 stack), which MLX cannot fuse. Here each pair is an axis of length 2 instead, and the partner
 of every element is the same array read backwards along that axis, so the whole rotation is
 ``x * cos + partner * signed``, signed = (-sin, sin) in the layout's feature order
-(:func:`anyrope._tables.signed_sin`): one fused kernel, two to three times faster, and bit for
+(:func:`anyrope._tables.signed_sin`): one fused kernel (see docs/performance.md), and bit for
 bit the generic result (a - b*s and a + b*(-s) round alike; the inverse subtracts). MLX
 differentiates it itself, and it runs inside ``mx.compile`` too. Where cached rows serve the
 call, the signed table is cached too: stacked per call, it costs two more passes (a negation
-and a concatenation, which MLX does not fuse), 1-2 % of a prefill on a CPU.
+and a concatenation, which MLX does not fuse).
 
 ``mx.fast.rope`` is not used: it forms angles in float32, which would break the table
 precision this library guarantees (it is off by position * 6e-8 rad).
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._job import Job, Launch
+from .._job import Job, Launch, offers
 from .._pairs import broadcast_table
 from .._tables import signed_sin
 
@@ -64,12 +64,15 @@ def prepare(job: Job) -> Launch:
         with _lock:
             fn = _compiled.setdefault(key, mx.compile(turn))
     xp, seq, compute, layout = job.ctx.xp, job.seq, job.compute, job.layout
+    if offers(job, "signed"):  # made once for q and k
 
-    def launch(x: Any, out: Any, source: Any) -> Any:  # noqa: ARG001 - MLX writes no array in place
-        found = source.signed(seq, compute, layout)
-        if found is None:  # tables of this array alone
-            cos, sin = source.tables(seq, compute)
-            found = cos, signed_sin(xp, sin, layout)
-        return fn(x, *found)
+        def shared(x: Any, out: Any, source: Any) -> Any:  # noqa: ARG001 - MLX writes no array in place
+            return fn(x, *source.signed(seq, compute, layout))
 
-    return launch
+        return shared
+
+    def own(x: Any, out: Any, source: Any) -> Any:  # noqa: ARG001 - tables of this array alone
+        cos, sin = source.tables(seq, compute)
+        return fn(x, cos, signed_sin(xp, sin, layout))
+
+    return own

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._job import NEW, Job, Launch, PairLaunch, turn_alike
+from .._job import NEW, Job, Launch, PairLaunch, offers, turn_alike
 from .._tables import side_by_side
 from ._numba_run import STORAGE, launcher, rows_of, run_kernel
 
-__all__ = ["prepare", "prepare_pair"]
+__all__ = ["prepare", "prepare_pair", "prepare_traced"]
 
 
 def prepare(job: Job) -> Launch:
@@ -31,24 +31,11 @@ def prepare(job: Job) -> Launch:
         job.seq_axis,
     )
     kind = STORAGE.get(job.key.dtype, "float")
-    if job.key.tracer:  # torch.compile's, the one tracer it takes: its op, on the call's tables
-        from . import _numba_op  # imports torch, which x came from
-
-        def traced(x: Any, out: Any, source: Any) -> Any:
-            table = source.traced_side_by_side(seq, compute)  # one for q and k: kept rows, or stacked
-            if table is None:
-                table = side_by_side(xp, *source.tables(seq, compute))
-            rotated = _numba_op.rotate(x, table, kind, layout, inverse, axis)
-            if job.writes == NEW:
-                return rotated
-            out[...] = rotated
-            return out
-
-        return traced
+    lookup = offers(job, "lookup")
     if job.ctx.grad:
 
         def recorded(x: Any, out: Any, source: Any) -> Any:  # noqa: ARG001 - grad: never in place
-            table, rows = _rows(xp, source, seq, compute)
+            table, rows = _rows(xp, source, seq, compute, lookup)
             return _autograd().apply(x, table, rows, kind, layout, inverse, axis)
 
         return recorded
@@ -56,24 +43,48 @@ def prepare(job: Job) -> Launch:
     run = launcher(((job.shape, axis, job.writes == NEW),), *_dtype(job), kind, layout, inverse, compute)
 
     def launch(x: Any, out: Any, source: Any) -> Any:
-        found = source.lookup(seq, compute)
+        found = source.lookup(seq, compute) if lookup else None
         table, rows = found if found is not None else rows_of(xp, *source.tables(seq, compute))
         return run((x,), (out,), table, rows)[0]
 
     return launch
 
 
+def prepare_traced(job: Job) -> Launch:
+    """A traced call's launch (torch.compile's, the one tracer it takes): its op, on the call's
+    one side-by-side table where the source offers it (kept rows, or its tables stacked once for
+    q and k), else on this array's own tables."""
+    from . import _numba_op  # imports torch, which x came from
+
+    xp, seq, compute, layout, inverse, axis = (
+        job.ctx.xp, job.seq, job.compute, job.layout, job.inverse, job.seq_axis,
+    )  # fmt: skip
+    kind, shared = STORAGE.get(job.key.dtype, "float"), offers(job, "side_by_side")
+
+    def traced(x: Any, out: Any, source: Any) -> Any:
+        table = (
+            source.side_by_side(seq, compute) if shared else side_by_side(xp, *source.tables(seq, compute))
+        )
+        rotated = _numba_op.rotate(x, table, kind, layout, inverse, axis)
+        if job.writes == NEW:
+            return rotated
+        out[...] = rotated
+        return out
+
+    return traced
+
+
 def prepare_pair(q: Job, k: Job) -> PairLaunch | None:
     """q and k in one launch where they turn alike (:func:`turn_alike`) over sequences of one
-    length; None (one launch each) otherwise, and while traced or recording gradients."""
-    if q.key.tracer or q.ctx.grad or q.seq != k.seq or not turn_alike(q, k):
+    length; None (one launch each) otherwise, and while recording gradients."""
+    if q.ctx.grad or q.seq != k.seq or not turn_alike(q, k):
         return None
-    xp, seq, compute = q.ctx.xp, q.seq, q.compute
+    xp, seq, compute, lookup = q.ctx.xp, q.seq, q.compute, offers(q, "lookup")
     arrays = ((q.shape, q.seq_axis, q.writes == NEW), (k.shape, k.seq_axis, k.writes == NEW))
     run = launcher(arrays, *_dtype(q), STORAGE.get(q.key.dtype, "float"), q.layout, q.inverse, compute)
 
     def launch(x: Any, y: Any, out_x: Any, out_y: Any, source: Any, _: Any) -> tuple[Any, Any]:
-        found = source.lookup(seq, compute)  # as _rows, without its frame
+        found = source.lookup(seq, compute) if lookup else None  # as _rows, without its frame
         table, rows = found if found is not None else rows_of(xp, *source.tables(seq, compute))
         rotated_x, rotated_y = run((x, y), (out_x, out_y), table, rows)
         return rotated_x, rotated_y
@@ -91,10 +102,11 @@ def _dtype(job: Job) -> tuple[bool, Any]:
     return False, getattr(job.ctx.xp, job.key.dtype)
 
 
-def _rows(xp: Any, source: Any, seq: int, compute: Any) -> tuple[Any, Any]:
+def _rows(xp: Any, source: Any, seq: int, compute: Any, lookup: bool) -> tuple[Any, Any]:
     """The table and each (batch row, token)'s row in it: the cached prefix table where the
-    positions are host-known and inside it, else the call's own tables side by side."""
-    found = source.lookup(seq, compute)
+    source offers it (``lookup``) and the positions are host-known and inside it, else the call's
+    own tables side by side."""
+    found = source.lookup(seq, compute) if lookup else None
     return found if found is not None else rows_of(xp, *source.tables(seq, compute))
 
 

@@ -10,7 +10,7 @@ import os
 
 from .._job import Job, Launch, PairLaunch, turn_alike
 
-__all__ = ["DEVICES", "prepare", "prepare_pair"]
+__all__ = ["DEVICES", "prepare", "prepare_pair", "prepare_pair_traced", "prepare_traced"]
 
 #: CUDA (and ROCm, which torch also calls "cuda"); the CPU as well under Triton's interpreter
 DEVICES = frozenset({"cuda", "cpu"} if os.environ.get("TRITON_INTERPRET") == "1" else {"cuda"})
@@ -23,6 +23,13 @@ def prepare(job: Job) -> Launch:
     return launch
 
 
+def prepare_traced(job: Job) -> Launch:
+    from . import _triton
+
+    launch: Launch = _triton.prepare_traced(job)
+    return launch
+
+
 def prepare_pair(q: Job, k: Job) -> PairLaunch | None:
     """q and k in one launch where they turn alike (:func:`turn_alike`); None (one launch each)
     otherwise."""
@@ -31,4 +38,14 @@ def prepare_pair(q: Job, k: Job) -> PairLaunch | None:
     from . import _triton
 
     launch: PairLaunch = _triton.prepare_pair(q, k)
+    return launch
+
+
+def prepare_pair_traced(q: Job, k: Job) -> PairLaunch | None:
+    """As :func:`prepare_pair`, through the ops (see :func:`._triton.prepare_pair_traced`)."""
+    if not turn_alike(q, k):
+        return None
+    from . import _triton
+
+    launch: PairLaunch = _triton.prepare_pair_traced(q, k)
     return launch
