@@ -56,7 +56,7 @@ def library_name(xp: Any) -> str:
 
 
 # An array's namespace depends only on its type: look each type up once. This keeps dispatch
-# to a dict lookup on the decode path, where array-api-compat's general checks cost 10 us each.
+# to a dict lookup on the decode path, where array-api-compat's general checks cost far more.
 _by_type: Memo[tuple[Any, str]] = Memo()  # keyed by type objects
 
 
