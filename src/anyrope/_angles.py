@@ -43,15 +43,16 @@ RADIX = 1 << RADIX_BITS
 ROWS = RADIX + 1  # the lowest level also takes digit + 1 (negative positions, below)
 
 
-def index_positions(xp: Any, env: Environment, positions: Any) -> tuple[Any, Any]:
+def index_positions(xp: Any, env: Environment, positions: Any, wrapped: Any = None) -> tuple[Any, Any]:
     """Positions in the device's widest signed integer dtype, and where the cast wrapped.
 
     Unsigned integers as wide as that dtype wrap to negatives (2**64 - 1 becomes -1); the second
-    value marks them (None if none can), and the angles add ``2**bits * theta`` back.
+    value marks them (None if none can), and the angles add ``2**bits * theta`` back. So do
+    signed positions that wrapped as they were formed (``wrapped``, given in that dtype).
     """
     dtype = positions.dtype
     if dtype == env.index:
-        return positions, None
+        return positions, wrapped
     bits, signed = int_info(xp, dtype)
     if bits > env.index_bits:
         raise TypeError(
@@ -72,11 +73,13 @@ def cos_sin(
     *,
     dtype: Any,
     traced: bool = False,
+    wrapped: Any = None,
 ) -> tuple[Any, Any]:
     """``cos(p * theta)`` and ``sin(p * theta)``, shape ``positions.shape + (len(inv_freq),)``, in dtype
     (float32 or float64; the caller casts further). ``traced``: the call is being traced, so
-    nothing made here may be kept."""
-    signed, wrapped = index_positions(xp, env, positions)
+    nothing made here may be kept; ``wrapped``: where signed positions wrapped past the index
+    dtype (see :meth:`anyrope._positions.PositionSpec.wrapped`), or None."""
+    signed, wrapped = index_positions(xp, env, positions, wrapped)
     wide = dtype == getattr(xp, "float64", None)
     if env.angles == "float64":
         return _by_float64(xp, env, signed, wrapped, inv_freq, dtype=dtype, traced=traced)
@@ -85,11 +88,11 @@ def cos_sin(
 
 
 def cos_sin_of_angles(
-    xp: Any, env: Environment, positions: Any, inv_freq: Any, *, dtype: Any
+    xp: Any, env: Environment, positions: Any, inv_freq: Any, *, dtype: Any, wrapped: Any = None
 ) -> tuple[Any, Any]:
     """cos and sin for frequencies that are themselves device arrays (DynamicNTK under tracing):
     the product in float64 where the device has it, else in float32, as transformers does."""
-    signed, wrapped = index_positions(xp, env, positions)
+    signed, wrapped = index_positions(xp, env, positions, wrapped)
     work = xp.float64 if env.float64 else xp.float32
     with float64_scope(xp) if env.float64 else _nothing():
         angles = _as_float(xp, env, signed, wrapped, work)[..., None] * xp.astype(inv_freq, work)

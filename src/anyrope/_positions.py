@@ -53,6 +53,11 @@ class PositionSpec:
         """The positions as a (rows, seq) int64 NumPy array where they are known on the host, else None."""
         return None
 
+    def wrapped(self, xp: Any, env: Environment, positions: Any) -> Any:
+        """Where ``positions`` (of :meth:`positions`) wrapped past the index dtype's largest value
+        unseen, as a boolean device array, or None where none can."""
+        return None
+
     def given(self) -> Any:
         """The array of positions or offsets the call was given (not one made from Python ints),
         or None."""
@@ -179,6 +184,17 @@ class ArrayOffset(PositionSpec):
 
     def given(self) -> Any:
         return self.start.given()
+
+    def wrapped(self, xp: Any, env: Environment, positions: Any) -> Any:
+        """Signed offsets in the index dtype that nothing read on the host (MLX, JAX, devices)
+        may put a position past its largest value, which ``start + seq`` wraps to a negative one:
+        those are the positions below their row's offset (the steps are not negative). The
+        angles add ``2**bits`` positions back there (as for wide unsigned positions), so the
+        result is right where it cannot be refused."""
+        given = self.start.array()
+        if env.lazy or given.dtype != env.index or self.start.span() is not None or self.peak is not None:
+            return None
+        return positions < (given[..., None] if given.ndim else given)
 
     def largest(self, xp: Any, env: Environment, seq: int) -> Any:
         start = _max(xp, _saturated(xp, env, self.start.array()))

@@ -288,7 +288,9 @@ class PositionTables:
             long_tables = self._each_stream(
                 seq,
                 inv_freq,
-                lambda p, pairs: cos_sin_of_angles(xp, ctx.env, p, pairs, dtype=dtype),
+                lambda p, pairs, wrapped: cos_sin_of_angles(
+                    xp, ctx.env, p, pairs, dtype=dtype, wrapped=wrapped
+                ),
                 lambda pairs: take_rows(
                     xp, inv_freq, xp.asarray(pairs, dtype=ctx.env.index, device=ctx.device)
                 ),
@@ -320,21 +322,24 @@ class PositionTables:
         self,
         seq: int,
         inv_freq: Any,
-        tables: Callable[[Any, Any], tuple[Any, Any]],
+        tables: Callable[[Any, Any, Any], tuple[Any, Any]],
         pick: Callable[[tuple[int, ...]], Any],
     ) -> tuple[Any, Any]:
-        """``tables(positions, inv_freq)``, where positions come per stream (M-RoPE, axial): each
-        stream's tables for its own pairs (``pick`` takes their frequencies by index), then put in
-        pair order."""
+        """``tables(positions, inv_freq, wrapped)``, where positions come per stream (M-RoPE,
+        axial): each stream's tables for its own pairs (``pick`` takes their frequencies by
+        index), then put in pair order; ``wrapped``: see :meth:`PositionSpec.wrapped`."""
         ctx = self.ctx
         positions = self.spec.positions(ctx.xp, ctx.env, seq)
         sections = self.rotary.sections
         if not isinstance(self.spec, MultiAxis):  # every stream at these positions
+            wrapped = self.spec.wrapped(ctx.xp, ctx.env, positions)
             if sections is not None and sections.reordered:
-                return tables(positions, pick(sections.freq_of))
-            return tables(positions, inv_freq)
+                return tables(positions, pick(sections.freq_of), wrapped)
+            return tables(positions, inv_freq, wrapped)
         assert sections is not None  # position_spec makes MultiAxis only for M-RoPE and axial RoPE
-        return sections.tables(ctx.xp, positions, lambda p, s: tables(p, pick(sections.frequency_indices[s])))
+        return sections.tables(
+            ctx.xp, positions, lambda p, s: tables(p, pick(sections.frequency_indices[s]), None)
+        )
 
     def _cached(
         self, freqs: PairFrequencies, seq: int, dtype: Any, *, form: str = "cos_sin"
@@ -377,7 +382,9 @@ class PositionTables:
         tables = self._each_stream(
             seq,
             freqs.inv_freq,
-            lambda p, pairs: cos_sin(xp, ctx.env, p, pairs, dtype=dtype, traced=ctx.traced),
+            lambda p, pairs, wrapped: cos_sin(
+                xp, ctx.env, p, pairs, dtype=dtype, traced=ctx.traced, wrapped=wrapped
+            ),
             lambda pairs: tuple(freqs.inv_freq[j] for j in pairs),
         )
         return scaled(tables, freqs.scale)
