@@ -668,7 +668,9 @@ def test_offsets_near_the_index_dtypes_top(backend: Backend, drops: list[int], s
     offset = backend.asarray(starts[0] if one else starts, backend.index)
     out = _answers(lambda: backend.to_numpy(rope(x, offset=offset)), "offset")
     _unchanged(backend, (x,), before)
-    assert (out is None) == (past and bool(when)), f"last position {int(starts.max()) + seq - 1}, largest {top}"
+    assert (out is None) == (past and bool(when)), (
+        f"last position {int(starts.max()) + seq - 1}, largest {top}"
+    )
     if out is not None:
         positions = starts[:, None] + np.arange(seq, dtype=np.uint64)
         want = _exact(before[0].astype(np.float64), positions, rope)
