@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import anyrope
@@ -334,16 +334,14 @@ def _reads_offsets(backend: Backend) -> str:
 def test_offset_arrays_past_the_index_dtype_are_refused(backend: Backend, fast: bool) -> None:
     """Per-row offsets ``[top - 2, 0]`` with 4 tokens put a position past the index dtype: never
     a wrapped (3.7 rad off) result. Refused naming offset where the values can be read; Dask
-    raises as it computes the result; where they are never read (MLX, JAX), the positions past
-    the range turn by their own angles: the result of the same positions given unsigned."""
+    raises as it computes the result; where they are never read (MLX, JAX, GPUs), the positions
+    past the range turn by their own angles: the result of the same positions given unsigned."""
     when = _reads_offsets(backend)
     rope, top = anyrope.RoPE(8), _largest(backend)
     x_np = _x((2, 3, 4, 8))
     q, k = backend.asarray(x_np, "float32"), backend.asarray(x_np[:, :1], "float32")
     offsets = (np.array([top - 2, 0]), np.array([top, top]), np.array(top - 1))
     if not when:
-        if backend.device_kind == "cuda":
-            pytest.skip("the fused GPU kernels form positions in the index dtype: see docs/positions.md")
         unsigned = np.dtype(f"uint{np.iinfo(backend.index).bits}")
         with anyrope.use_fast_paths(fast):
             for offset in offsets:
@@ -660,7 +658,6 @@ def test_offsets_near_the_index_dtypes_top(backend: Backend, drops: list[int], s
     top, when = _largest(backend), _reads_offsets(backend)
     starts = np.array([top - drops[0]] if one else [top - d for d in drops], dtype=np.uint64)
     past = int(starts.max()) + seq - 1 > top
-    assume(not past or when or backend.device_kind != "cuda")  # see docs/positions.md
     rope = anyrope.RoPE(8)
     x_np = _x((len(starts), 2, seq, 8))
     x = backend.asarray(x_np, "float32")

@@ -166,3 +166,18 @@ def test_source_takes_what_the_registry_declares() -> None:
     """The registry's CuPy kernel covers the dtypes the source is instantiated for."""
     declared = next(k for k in anyrope.kernels() if k.name == "cupy")
     assert set(declared.dtypes) == set(cupy_cuda.TYPES)
+
+
+def test_source_turns_per_row_offsets_past_int64(library: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-row offsets that nothing reads on a GPU, whose last positions pass int64 (issue 57):
+    ``starts[b] + s`` wraps in the source as in the generic path, and both give those positions
+    ``2**64`` back: the same result, bit for bit."""
+    from anyrope import _positions
+
+    monkeypatch.setattr(_positions, "host_array", lambda *_: None)  # as on a GPU: never read
+    rope = anyrope.RoPE(16)
+    x = RNG.standard_normal((2, 3, 4, 16)).astype(np.float32)
+    starts = np.array([2**63 - 2, 0], dtype=np.int64)
+    want = _generic(lambda: rope(x, offset=starts))
+    got = _through_source(library, lambda: rope(x, offset=starts))
+    np.testing.assert_array_equal(got, want)

@@ -21,7 +21,7 @@ import anyrope
 from anyrope._compat import environment
 from anyrope.scaling import DynamicNTK
 
-from harness import Backend, compiled_ops
+from harness import Backend, assert_close, compiled_ops
 
 TRITON = next(k for k in anyrope.kernels() if k.name == "triton")
 pytestmark = pytest.mark.backends("torch")  # the tests that take a backend: the kernel's library
@@ -251,3 +251,24 @@ def test_kernel_compiles_for_nvidia_gpus() -> None:
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.split() == ["14", "3", "2"]  # kernels built, launches read, layouts compared
+
+
+def test_per_row_offsets_past_int64_turn_by_their_own_angles(
+    torch_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-row offsets nothing reads (a GPU's) whose last positions pass int64 (issue 57): the
+    kernel forms ``starts[b] + s``, which wraps, and gives those positions ``2**64`` back, as the
+    generic path does (anyrope._positions.ArrayOffset.wrapped): the rotation by the true positions."""
+    import torch
+
+    from anyrope import _positions
+
+    monkeypatch.setattr(_positions, "host_array", lambda *_: None)  # as on a GPU: never read
+    rope = anyrope.RoPE(16)
+    x = _tensor(torch_backend, (2, 3, 4, 16))
+    starts = np.array([2**63 - 2, 0], dtype=np.int64)
+    fast, generic = _both(lambda: rope(x, offset=torch.tensor(starts, device=x.device)))
+    assert torch.equal(fast, generic)
+    positions = starts.astype(np.uint64)[:, None] + np.arange(4, dtype=np.uint64)
+    want = rope(torch_backend.to_numpy(x).astype(np.float64), positions=positions)
+    assert_close(torch_backend, fast, want, "float32")

@@ -21,6 +21,7 @@ from ._angles import level_steps, split_levels
 from ._cache import table_cache
 from ._compat import Environment, environment
 from ._context import CallContext
+from ._exact import turns
 from ._frequencies import PairFrequencies
 from ._memo import Memo
 from ._rotary import Rotary
@@ -65,8 +66,10 @@ class KernelAngles:
 
 
 def host_steps(per_pair: tuple[float, ...], scale: float) -> tuple[tuple[float, ...], ...]:
-    """Each level's step angle per pair, exactly reduced, then the scale per pair."""
-    return (*level_steps(per_pair, LEVELS), (scale,) * len(per_pair))
+    """Each level's step angle per pair, exactly reduced, then the scale per pair, then the
+    angle of ``2**64`` positions: what a position that wrapped past int64 as ``starts[b] + s``
+    formed it gets back (as the core's, see anyrope._positions.ArrayOffset.wrapped)."""
+    return (*level_steps(per_pair, LEVELS), (scale,) * len(per_pair), turns(1 << 64, per_pair))
 
 
 _host_steps: Memo[tuple[tuple[float, ...], ...]] = Memo(64)

@@ -125,7 +125,8 @@ def _rotate_block(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton 
         if MODE == 0:  # OFFSET
             p = (start + s)[:, None]
         elif MODE == 1:  # STARTS, one per batch row
-            p = (tl.load(index_ptr + b * si_row).to(tl.int64) + s)[:, None]
+            row_start = tl.load(index_ptr + b * si_row).to(tl.int64)
+            p = (row_start + s)[:, None]
         elif MULTI:  # POSITIONS, each pair at its own stream's
             stream = tl.load(streams_ptr + j, mask=j_ok, other=0).to(tl.int64)
             where = stream[None, :] * si_stream + b * si_row + s[:, None] * si_seq
@@ -143,6 +144,9 @@ def _rotate_block(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton 
         low = (high & MASK).to(tl.float64) * f1 + low
         low = ((high >> SPLIT) & MASK).to(tl.float64) * f2 + low
         angle = tl.where(negative, -(low + f0), low)
+        if MODE == 1:  # a position past int64 wrapped below its row's start: 2**64 positions back
+            back = tl.load(steps_ptr + 4 * PAIRS + j, mask=j_ok, other=0.0)[None, :]
+            angle = tl.where(p < row_start, angle + back, angle)
         c = tl.cos(angle).to(COMPUTE)
         n = tl.sin(angle).to(COMPUTE)
         if SCALED:

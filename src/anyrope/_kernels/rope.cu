@@ -60,11 +60,12 @@ __host__ __device__ void rotate_thread(
         c = cos_table[at];
         n = sin_table[at];
     } else {
-        long long p;
+        long long p, row_start = 0;
         if (call.mode == OFFSET) {
             p = call.start + s;
         } else if (call.mode == STARTS) {
-            p = index[b * call.is[1]] + s;
+            row_start = index[b * call.is[1]];
+            p = (long long)((unsigned long long)row_start + (unsigned long long)s);  // wraps, defined
         } else {
             const long long stream = (call.flags & MULTI) ? streams[j] : 0;  // the pair's own stream
             p = index[stream * call.is[0] + b * call.is[1] + s * call.is[2]];
@@ -76,7 +77,9 @@ __host__ __device__ void rotate_thread(
         const long long high = magnitude >> ANYROPE_SPLIT_BITS;
         low = (double)(high & PART) * steps[pairs + j] + low;
         low = (double)((high >> ANYROPE_SPLIT_BITS) & PART) * steps[2 * pairs + j] + low;
-        const double angle = negative ? -(low + f0) : low;
+        double angle = negative ? -(low + f0) : low;
+        // a position past int64 wrapped below its row's start: 2**64 positions back (as the core's)
+        if (call.mode == STARTS && p < row_start) angle = angle + steps[4 * pairs + j];
         c = (W)cos(angle);
         n = (W)sin(angle);
         if (call.flags & SCALED) {
