@@ -62,9 +62,9 @@ def rotate_chunks(job: Job, x: Any, source: Any, switch: Switch) -> Any:
     work = x.rechunk({x.ndim - 1: -1}) if len(x.chunks[-1]) > 1 else x  # a pair spans the features
     at = x.ndim + seq_axis
     axes = tuple(range(x.ndim))
-    if isinstance(source, GivenTables):
+    if source.kind == "tables":  # the caller's (anyrope._tables.GivenTables)
         out = _with_tables(job, work, at, axes, source, switch)
-    elif isinstance(source, XPosTables):
+    elif source.kind == "xpos":  # the call's positions, scaled (anyrope._tables.XPosTables)
         out = _with_positions(job, work, at, axes, source.positions, source.sign, switch)
     else:
         out = _with_positions(job, work, at, axes, source, None, switch)
@@ -76,7 +76,7 @@ def _chunk_job(job: Job, x: Any, source: Any) -> Job:
     positions a block gets, explicit ones at fixed frequencies, or the caller's tables."""
     meta = x._meta
     ctx = call_context(("x", meta))
-    if not isinstance(source, (GivenTables, XPosTables)):
+    if source.kind not in ("tables", "xpos"):
         kind = "multi-axis" if source.kind == "multi-axis" else "positions"
         source = _ChunkPositions(kind, source.unsigned64)
     return make_job(
