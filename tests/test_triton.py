@@ -317,3 +317,53 @@ def test_per_row_offsets_past_int64_turn_by_their_own_angles(
     positions = starts.astype(np.uint64)[:, None] + np.arange(4, dtype=np.uint64)
     want = rope(torch_backend.to_numpy(x).astype(np.float64), positions=positions)
     assert_close(torch_backend, fast, want, "float32")
+
+
+# Operators that allocate or re-describe memory (no device work): what an eager call may run
+# besides its one launch.
+_NO_DEVICE_WORK = {
+    "empty_like", "empty", "new_empty", "empty_strided", "view", "_unsafe_view", "unsqueeze", "squeeze",
+    "expand", "as_strided", "permute", "transpose", "t", "slice", "select", "alias", "detach",
+}  # fmt: skip
+
+
+def test_an_eager_call_is_one_launch(torch_backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeated eager call that records no gradient (its plan kept) makes one kernel launch
+    and no other device operation than allocating its outputs (issue 55): no op layer, no
+    table, no copy of the positions; every operator torch dispatches is counted."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from anyrope._kernels import _triton
+
+    class Operators(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    launches: list[int] = []
+    monkeypatch.setattr(_triton, "_launch", lambda arrays, *_, **__: launches.append(len(arrays)))
+    rope = anyrope.RoPE(64)
+    q, k = _tensor(torch_backend, (4, 8, 1, 64)), _tensor(torch_backend, (4, 2, 1, 64), seed=1)
+    starts = torch_backend.asarray(np.array([3, 40, 5, 6]))
+    positions = torch_backend.asarray(np.array([[3], [40], [5], [6]]))
+    calls = {
+        "offset": lambda: rope(q, k, offset=5),
+        "per-row offsets": lambda: rope(q, k, offset=starts),
+        "positions": lambda: rope(q, k, positions=positions),
+        "q alone": lambda: rope(q, offset=7),
+        "in place": lambda: rope(q, k, offset=starts, inplace=True),
+    }
+    with anyrope.use_fast_paths("triton"):
+        for name, call in calls.items():
+            call()  # makes the plan
+            launches.clear()
+            with Operators() as seen:
+                call()
+            assert launches == [2 if name != "q alone" else 1], name
+            assert set(seen.names) <= _NO_DEVICE_WORK, (name, seen.names)
+            made = [op for op in seen.names if op.startswith(("empty", "new_empty"))]
+            assert len(made) == (0 if name == "in place" else 1 if name == "q alone" else 2), (name, made)
