@@ -263,10 +263,10 @@ def test_kernel_report_for_the_gpu_benchmark(tmp_path: Path) -> None:
     """Issue 55's proof on the CPU machine (tests/triton_report.py): each kernel the GPU
     benchmark's anyrope rows launch, compiled for sm_90 as the launch specialises it, with its
     registers, spills and global loads and stores by width. Asserted: what holds and must keep
-    holding (prefill reads q and k and writes their outputs in 128-bit accesses in both layouts
-    and every dtype; decode's kernels spill nothing). The rest is printed (``pytest -s``) and
-    left to the issue: prefill's kernels use 255 registers and spill; decode's accesses are one
-    element wide."""
+    holding (no kernel spills; prefill, reading the kept table's rows at its host-known offset,
+    reads q, k and those rows and writes its outputs in 128-bit accesses in both layouts and
+    every dtype). The rest is printed (``pytest -s``) and left to the issue: decode's accesses
+    are one element wide."""
     import bench_gpu
 
     report = tmp_path / "report.json"
@@ -291,11 +291,10 @@ def test_kernel_report_for_the_gpu_benchmark(tmp_path: Path) -> None:
         assert kernel["widths"]["out store"], kernel
     for row in rows:
         kernel = kernels[row["kernel"]]
+        assert kernel["spill_stores"] == kernel["spill_loads"] == 0, (row, kernel)
         if row["case"].startswith("prefill"):
-            assert set(kernel["widths"]["x load"]) == {"128"}, (row, kernel["widths"])
-            assert set(kernel["widths"]["out store"]) == {"128"}, (row, kernel["widths"])
-        else:
-            assert kernel["spill_stores"] == kernel["spill_loads"] == 0, (row, kernel)
+            for access in ("x load", "out store", "tables load"):
+                assert set(kernel["widths"][access]) == {"128"}, (row, access, kernel["widths"])
 
 
 def test_per_row_offsets_past_int64_turn_by_their_own_angles(
@@ -367,3 +366,40 @@ def test_an_eager_call_is_one_launch(torch_backend: Backend, monkeypatch: pytest
             assert set(seen.names) <= _NO_DEVICE_WORK, (name, seen.names)
             made = [op for op in seen.names if op.startswith(("empty", "new_empty"))]
             assert len(made) == (0 if name == "in place" else 1 if name == "q alone" else 2), (name, made)
+
+
+def test_an_int_offset_reads_the_kept_table_in_place(
+    torch_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At an int offset whose rows the cached prefix table holds (every prefill), the kernel
+    reads those rows in place and forms no angle (issue 55: the float64 angles spilled); a
+    call captured into a CUDA graph forms them in the kernel, since the table may regrow and
+    free what a replay would read. The same result, bit for bit, either way and as the
+    generic path's."""
+    import torch
+
+    from anyrope import _tables
+    from anyrope._kernel_angles import OFFSET, TABLES
+    from anyrope._kernels import _triton
+    from anyrope.scaling import YaRN
+
+    modes: list[int] = []
+    launch = _triton._launch
+    monkeypatch.setattr(
+        _triton,
+        "_launch",
+        lambda arrays, angles, **kw: (modes.append(angles.mode), launch(arrays, angles, **kw)),
+    )
+    rope = anyrope.RoPE(32, rotary_dim=24, scaling=YaRN(4.0, original_max_position=16))
+    q, k = _tensor(torch_backend, (2, 4, 9, 32)), _tensor(torch_backend, (2, 2, 5, 32), seed=1)
+    fast, generic = _both(lambda: rope(q, k, offset=40))
+    assert modes == [TABLES]
+    for got, want in zip(fast, generic, strict=True):
+        assert torch.equal(got, want)
+    monkeypatch.setattr(_tables, "graph_capturing", lambda *_: True)
+    modes.clear()
+    with anyrope.use_fast_paths("triton"):
+        captured = rope(q, k, offset=40)
+    assert modes == [OFFSET]
+    for got, want in zip(captured, generic, strict=True):
+        assert torch.equal(got, want)

@@ -36,7 +36,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 from triton_aot import _Recorder
 
-from anyrope._kernel_angles import LEVELS, OFFSET, STARTS
+from anyrope._kernel_angles import LEVELS, STARTS, TABLES
 from anyrope._kernels import _triton
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
@@ -46,7 +46,7 @@ TARGET = GPUTarget("cuda", 90, 32)  # H100, H200
 SIZES = ("full", "step")  # the GPU runs' sizes (tiny is the CPU smoke run's)
 # the benchmark's anyrope rows that launch the kernel themselves: (name, in place, sequence axis)
 VARIANTS = (("anyrope", False, -2), ("anyrope-inplace", True, -2), ("anyrope-bshd", False, -3))
-MODES = {OFFSET: "offset", STARTS: "starts"}
+MODES = {TABLES: "kept rows", STARTS: "starts"}
 # the array each pointer argument is: q's and k's (x and y) alike
 ARRAYS = {"x_ptr": "x", "y_ptr": "x", "out_ptr": "out", "y_out_ptr": "out", "index_ptr": "index"}
 ARRAYS |= {"steps_ptr": "steps", "streams_ptr": "streams", "cos_ptr": "tables", "sin_ptr": "tables"}
@@ -88,8 +88,10 @@ def _record(qd: Any, kd: Any, case: str, dtype: str, layout: str, in_place: bool
     if case == "decode":  # each sequence at its own cache length, in a device array
         starts = torch.empty(qd[0], dtype=torch.int64, device="meta")
         angles = _triton.Angles(starts, 0, steps, None, None, None, STARTS, pairs, flags)
-    else:  # from position 0
-        angles = _triton.Angles(None, 0, steps, None, None, None, OFFSET, pairs, flags)
+    else:  # from position 0, host-known: an eager call reads the cached prefix table's rows in place
+        compute = torch.float64 if dtype == "float64" else torch.float32
+        cos, sin = (torch.empty(1, qd[axis], pairs, dtype=compute, device="meta") for _ in range(2))
+        angles = _triton.Angles(None, 0, None, None, cos, sin, TABLES, pairs, flags)
     outs = (q, k) if in_place else (torch.empty_like(q), torch.empty_like(k))
     _triton._run([(q, outs[0], axis), (k, outs[1], axis)], angles)
 

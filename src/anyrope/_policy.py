@@ -20,7 +20,9 @@ from typing import Any, TypeVar
 
 from ._compat import dynamo_hands_on, is_library
 
-__all__ = ["EAGER", "HAND_ON", "JAX_JIT", "TRACERS", "Tracing", "call_form", "keep_tables", "tracing"]
+__all__ = [
+    "EAGER", "HAND_ON", "JAX_JIT", "TRACERS", "Tracing", "call_form", "graph_capturing", "keep_tables", "tracing",
+]  # fmt: skip
 
 #: What traces a traced call, as kernels declare it: dynamo for torch.compile, torch.export (by
 #: default without dynamo; its strict mode with it, told apart from torch 2.12 on), and "other"
@@ -175,3 +177,21 @@ def _jax_jits(q: Any, positions: Any, offset: Any) -> bool:
     if type(offset) is int:
         return -_SAFE_OFFSET < offset < _SAFE_OFFSET
     return type(offset) is type(q)
+
+
+def graph_capturing(library: str, device_type: str) -> bool:
+    """Whether a CUDA graph is being captured on the current stream (torch, CuPy): a replay
+    reads whatever its captured pointers hold then, so a call captured reads nothing that a
+    cache may regrow and free (the kept prefix table's rows), and forms its angles in the graph.
+    Asked on every call: capture is no part of a call's signature."""
+    if device_type != "cuda":
+        return False
+    if library == "torch":
+        import torch
+
+        return bool(torch.cuda.is_current_stream_capturing())
+    if library == "cupy":
+        import cupy
+
+        return bool(cupy.cuda.get_current_stream().is_capturing())
+    return False

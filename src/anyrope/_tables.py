@@ -19,10 +19,11 @@ from ._angles import cos_sin, cos_sin_of_angles
 from ._cache import table_cache, untracked
 from ._compat import Environment, environment, float64_scope, materialize, take_rows
 from ._context import CallContext
+from ._dtypes import compute_dtype
 from ._frequencies import LengthSwitch, PairFrequencies
 from ._kernel_angles import OFFSET, POSITIONS, STARTS, TABLES, KernelAngles, device_steps
 from ._layout import Layout
-from ._policy import keep_tables
+from ._policy import graph_capturing, keep_tables
 from ._positions import ArrayOffset, MultiAxis, Offset, Positions, PositionSpec
 from ._rotary import Rotary
 from ._xpos import xpos_scale
@@ -211,7 +212,7 @@ class PositionTables:
         self._sides: list[tuple[Any, Any, Any]] = []  # (seq, dtype, side-by-side table)
         self._lookups: dict[tuple[int, Any], tuple[Any, Any] | None] = {}
         self._signed: dict[Layout, list[tuple[Any, Any, Any]]] = {"half": [], "interleaved": []}  # see _once
-        self._fused: KernelAngles | None = None
+        self._fused: dict[Any, KernelAngles] = {}  # by the compute dtype
 
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:
         return _once(self._made, seq, dtype, lambda: self._make_tables(seq, dtype))  # type: ignore[no-any-return]
@@ -427,11 +428,28 @@ class PositionTables:
         return found
 
     def kernel_angles(self, x: Any, seq_axis: int) -> KernelAngles:  # noqa: ARG002 - one form per call
-        """The angles as a fused kernel forms them (declared: fixed frequencies, 64-bit integers),
-        made once for q and k: while traced, each made copy of the steps is a launch of its own."""
-        if self._fused is None:
-            self._fused = self._kernel_angles()
-        return self._fused
+        """The angles as a fused kernel takes them, made once for q and k (while traced, each
+        made copy of the steps is a launch of its own): at an int offset whose rows the cached
+        prefix table holds, those rows, read in place (the kernel forms no angle; the table grows
+        on demand, as every eager call's does); else as the kernel forms them (declared: fixed
+        frequencies, 64-bit integers)."""
+        dtype = compute_dtype(self.ctx.xp, x.dtype)
+        found = self._fused.get(dtype)
+        if found is None:
+            found = self._fused[dtype] = self._kept_kernel_rows(dtype) or self._kernel_angles()
+        return found
+
+    def _kept_kernel_rows(self, dtype: Any) -> KernelAngles | None:
+        """The cached prefix table's rows of an int offset's positions, over the longest array."""
+        if not isinstance(self.spec, Offset) or not isinstance(self.freqs, PairFrequencies):
+            return None
+        if graph_capturing(self.ctx.library, self.ctx.env.device_type):
+            return None
+        cached = self._cached(self.freqs, self.seq, dtype)
+        if cached is None:
+            return None
+        cos, sin = self._rows(cached, self.seq)
+        return KernelAngles(TABLES, cos.shape[-1], 1, cos=cos[None, ...], sin=sin[None, ...])
 
     def _kernel_angles(self) -> KernelAngles:
         assert isinstance(self.freqs, PairFrequencies)

@@ -40,9 +40,9 @@ FUSED: _Fused = {
 REGISTRY: tuple[Kernel, ...] = (
     Kernel(
         name="triton",
-        summary="one Triton pass over q and k that forms each token's angles in the kernel from the "
-        "positions (float64, exactly reduced steps: no tables in memory) and reads and writes each "
-        "pair once; a torch Triton op, so torch.compile traces it and launches the kernel from its own "
+        summary="one Triton pass over q and k that reads each token's row of the cached prefix table "
+        "at an int offset, or forms its angles in the kernel from the positions (float64, exactly "
+        "reduced steps), and reads and writes each pair once; a torch Triton op, so torch.compile traces it and launches the kernel from its own "
         "code, CUDA graphs capture it, and its "
         "gradient is the inverse rotation through the same op; torch.export records the generic "
         "code instead, standard operators that every runtime knows",
