@@ -193,5 +193,6 @@ def graph_capturing(library: str, device_type: str) -> bool:
     if library == "cupy":
         import cupy
 
-        return bool(cupy.cuda.get_current_stream().is_capturing())
+        asked = getattr(cupy.cuda.get_current_stream(), "is_capturing", None)  # CuPy >= 10
+        return asked is not None and bool(asked())
     return False
