@@ -450,12 +450,21 @@ def test_compiled_calls_at_an_int_offset_read_the_kept_tables(torch: Any) -> Non
                 torch.testing.assert_close(got_x, want, rtol=0, atol=0)
 
 
+def _skip_unless_numba_takes_the_cpu() -> None:
+    """Skip where numba is not installed, or where Triton's interpreter (TRITON_INTERPRET=1 with
+    triton installed) takes CPU tensors: the registry then chooses Triton before numba."""
+    kernels = {k.name: k for k in anyrope.kernels()}
+    if not kernels["numba"].available:
+        pytest.skip("numba is not installed")
+    if kernels["triton"].available and "cpu" in kernels["triton"].devices:
+        pytest.skip("Triton's interpreter takes CPU tensors here, before numba")
+
+
 def test_compiled_cpu_calls_run_the_numba_kernel_as_an_operator(torch: Any) -> None:
     """Where numba is installed, a compiled CPU call rotates q and k through the numba kernel's
     operator (inductor's own loop is 2x a copy for interleaved 16-bit pairs, numba's half of
     one), on the tables formed once; it equals the eager call bit for bit, gradients too."""
-    if not {k.name: k for k in anyrope.kernels()}["numba"].available:
-        pytest.skip("numba is not installed")
+    _skip_unless_numba_takes_the_cpu()
     rope = anyrope.RoPE(16, layout="interleaved", rotary_dim=12)
     q, k, offsets = torch.randn(2, 4, 6, 16), torch.randn(2, 1, 6, 16), torch.tensor([3, 900])
     ops = compiled_ops(lambda q, k, o: rope(q, k, offset=o), q, k, offsets)
@@ -482,8 +491,7 @@ def test_compiled_numba_calls_read_one_side_by_side_table_for_q_and_k(torch: Any
     whether dynamo hands the call on (offset 0) or not. Past them, and for tensor offsets, the
     call's tables are put side by side once in the graph. Every form equals the eager call bit
     for bit."""
-    if not {k.name: k for k in anyrope.kernels()}["numba"].available:
-        pytest.skip("numba is not installed")
+    _skip_unless_numba_takes_the_cpu()
     from anyrope._tables import TRACED_ROWS
 
     rope = anyrope.RoPE(16, layout=layout)
@@ -508,8 +516,7 @@ def test_compiled_decode_steps_keep_to_inductors_code(torch: Any, dynamic: bool)
     """A compiled call of one token per sequence (a decode step) is inductor's own code, not the
     numba operator, whose fixed cost is more than that rotation; decided from the shape, so a
     dynamic graph of longer calls keeps the operator. Forcing numba there raises before any work."""
-    if not {k.name: k for k in anyrope.kernels()}["numba"].available:
-        pytest.skip("numba is not installed")
+    _skip_unless_numba_takes_the_cpu()
     rope = anyrope.RoPE(16, layout="interleaved", rotary_dim=12)
     q, k, offsets = torch.randn(3, 4, 1, 16), torch.randn(3, 1, 1, 16), torch.tensor([3, 900, 7])
     ops = compiled_ops(lambda q, k, o: rope(q, k, offset=o), q, k, offsets, dynamic=dynamic)
