@@ -694,3 +694,13 @@ def test_inplace_with_no_elements(backend: Backend, lead: list[int], head_dim: i
     if out is not None:
         assert all(got is want for got, want in zip(out if both else (out,), (q, k), strict=False))
         assert tuple(q.shape) == shape
+
+
+@pytest.mark.parametrize("flag", [np.bool_(True), np.array(True)], ids=["numpy bool", "0-d bool array"])
+def test_numpy_booleans_are_no_counts(flag: Any) -> None:
+    """A NumPy boolean for a count is refused like True, naming it (older NumPy's ``__index__``
+    took it, with a DeprecationWarning, which hypothesis found on the lowest versions)."""
+    with pytest.raises(TypeError, match="num_heads must be an int"):
+        anyrope.permute_qk_weight(np.zeros((4, 8)), flag, "half", "interleaved")
+    with pytest.raises(TypeError, match="head_dim must be an int"):
+        anyrope.RoPE(flag)

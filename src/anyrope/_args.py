@@ -40,7 +40,7 @@ def check_int(
     """
     if type(value) is int:  # the common case, first: this runs on every call
         number = value
-    elif isinstance(value, bool) or not hasattr(value, "__index__"):
+    elif isinstance(value, bool) or _is_boolean(value) or not hasattr(value, "__index__"):
         raise TypeError(f"{arg} must be an int, not {type(value).__name__}{why}")
     else:
         try:
@@ -162,3 +162,9 @@ def shown(value: Any) -> str:
         return f"<an int of {value.bit_length()} bits>"
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:60]}...{text[-12:]}"
+
+
+def _is_boolean(value: Any) -> bool:
+    """A NumPy (or other array library's) boolean scalar or 0-d array: older NumPy's
+    ``__index__`` takes it, with a DeprecationWarning, though True for a length is a mistake."""
+    return getattr(getattr(value, "dtype", None), "kind", None) == "b"
