@@ -68,6 +68,8 @@ STEP = f"{LAYERS} layers x rotary(q, k, positions=pos)"
 ROWS = {
     "calls/numpy/q": Row("python calls", "numpy", QUERY, 30),
     "calls/numpy/q,k": Row("python calls", "numpy", PAIR, 30),
+    "calls/numpy-blocked/q": Row("python calls", "numpy-blocked", QUERY, 30),
+    "calls/numpy-blocked/q,k": Row("python calls", "numpy-blocked", PAIR, 30),
     "calls/torch/q": Row("python calls", "torch", QUERY, 30),
     "calls/torch/q,k": Row("python calls", "torch", PAIR, 30),
     "calls/triton/q": Row("python calls", "triton", QUERY, 40),
@@ -80,7 +82,8 @@ COUNTED = ("q", "q,k")  # the counted calls, QUERY and PAIR, per backend
 NOTES = (  # what the report says the rows are
     "python calls: the Python function calls of one warm call (cProfile, builtins not counted,",
     f"RoPE.__call__ counted); q {Q_DIMS} and k {K_DIMS} float32, p = arange({Q_DIMS[2]}); triton: torch",
-    'CPU tensors under TRITON_INTERPRET=1 in use_fast_paths("triton"), counted up to the launch (a stub).',
+    'CPU tensors under TRITON_INTERPRET=1 in use_fast_paths("triton"), counted up to the launch (a stub);',
+    'numpy-blocked: NumPy in use_fast_paths("numpy-blocked"), the kernel NumPy takes where numba is absent.',
     "x numpy formula: the call's time over the NumPy formula's (numpy-formula) on the same q.",
     f"x transformers: a decode step ({LAYERS} layers, q {DECODE_Q}, k {DECODE_K}, positions 1000 + 97 i),",
     "anyrope.layers.torch.RotaryEmbedding in each layer, over transformers' LlamaRotaryEmbedding once a",
@@ -171,20 +174,29 @@ def _no_launch(launches: list[int]) -> Iterator[None]:
 
 
 def count_rows(backend: str) -> list[Record]:
-    """The counted calls on ``backend``: "numpy", "torch" (CPU), or "triton" (torch CPU tensors in
-    ``use_fast_paths("triton")``, which needs ``TRITON_INTERPRET=1`` set before anyrope is imported)."""
-    why = _missing(*{"numpy": ["numpy"], "torch": ["torch"], "triton": ["torch", "triton"]}[backend])
+    """The counted calls on ``backend``: "numpy" (numba's kernel where numba is installed),
+    "numpy-blocked" (NumPy's kernel without numba, forced), "torch" (CPU), or "triton" (torch CPU
+    tensors in ``use_fast_paths("triton")``, which needs ``TRITON_INTERPRET=1`` set before anyrope
+    is imported)."""
+    needs = {
+        "numpy": ["numpy"],
+        "numpy-blocked": ["numpy"],
+        "torch": ["torch"],
+        "triton": ["torch", "triton"],
+    }
+    why = _missing(*needs[backend])
     if why:
         return [_row(f"calls/{backend}/{which}", status="skipped", detail=why) for which in COUNTED]
     import anyrope
 
     rope = anyrope.RoPE(Q_DIMS[3])
-    q, k, p = _inputs("numpy" if backend == "numpy" else "torch")
+    q, k, p = _inputs("torch" if backend in ("torch", "triton") else "numpy")
     calls = {"q": ((q,), {"offset": OFFSET}), "q,k": ((q, k), {"positions": p})}
     rows: list[Record] = []
     launches: list[int] = []
     stub = functools.partial(_no_launch, launches) if backend == "triton" else None
-    with anyrope.use_fast_paths("triton") if stub else contextlib.nullcontext():
+    forced = backend if backend in ("numpy-blocked", "triton") else None
+    with anyrope.use_fast_paths(forced) if forced else contextlib.nullcontext():
         for which, (args, kwargs) in calls.items():
             name = f"calls/{backend}/{which}"
             launches.clear()
@@ -307,7 +319,7 @@ def measure(blocks: int = BLOCKS, block_s: float = BLOCK_SECONDS) -> Record:
     if blocks < 1 or block_s <= 0:
         raise ValueError(f"blocks must be >= 1 and block_s > 0, got {blocks} and {block_s}")
     rows = []
-    for backend in ("numpy", "torch"):
+    for backend in ("numpy", "numpy-blocked", "torch"):
         rows += _guarded([f"calls/{backend}/{w}" for w in COUNTED], functools.partial(count_rows, backend))
     rows += _guarded([f"calls/triton/{w}" for w in COUNTED], triton_rows)
     rows += _guarded(["tiny/numpy", "tiny/torch"], lambda: tiny_rows(blocks, block_s))
@@ -331,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the record, as JSON")
     parser.add_argument(
         "--count",
-        choices=["numpy", "torch", "triton"],
+        choices=["numpy", "numpy-blocked", "torch", "triton"],
         help="only count one backend's calls, as JSON on stdout",
     )
     args = parser.parse_args(argv)

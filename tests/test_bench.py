@@ -448,6 +448,7 @@ def test_overhead_counts_the_python_calls_of_a_call() -> None:
     assert bench_overhead.python_calls(two_leaves, (1,), {"twice": True}) == 3
     assert bench_overhead.python_calls(two_leaves, (1,), {"twice": False}) == 2
     assert min(_count_of(bench_overhead.count_rows("numpy"), "numpy")) > 1  # RoPE.__call__ and more
+    assert min(_count_of(bench_overhead.count_rows("numpy-blocked"), "numpy-blocked")) > 1
     pytest.importorskip("torch")
     assert min(_count_of(bench_overhead.count_rows("torch"), "torch")) > 1
 

@@ -160,6 +160,41 @@ def test_kernel_apply_into_out(backend: Backend, kernel: anyrope.Kernel, dtype: 
         np.testing.assert_array_equal(backend.to_numpy(out), backend.to_numpy(expected))
 
 
+@pytest.mark.feature("inplace")
+@pytest.mark.kernel_takes("inplace")
+@pytest.mark.dtypes("float32")
+def test_kernel_apply_into_a_view_of_x(
+    backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str
+) -> None:
+    """``out=`` a view of x (another object, the same memory) is written as x in place is: a
+    kernel that reads x after writing part of out would turn some pairs from turned values."""
+    rope = anyrope.RoPE(8, layout=layout, rotary_dim=6)
+    data = np.random.default_rng(4).standard_normal((4, 5, 8))
+    x = backend.asarray(data, dtype)
+    cos, sin = rope.cos_sin(backend.asarray(np.arange(5)), like=x)
+    with anyrope.use_fast_paths(kernel.name):
+        expected = anyrope.apply(backend.asarray(data, dtype), cos, sin, layout=layout)
+        anyrope.apply(x, cos, sin, out=x[...], layout=layout)
+    np.testing.assert_array_equal(backend.to_numpy(x), backend.to_numpy(expected))
+
+
+def test_kernel_leaves_the_cached_tables_as_they_were(
+    backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str
+) -> None:
+    """A kernel that reads rows of the cached prefix table (and negates or conjugates them for an
+    inverse turn) works on its own copy: a later call reads the table as it was."""
+    rope = anyrope.RoPE(16, layout=layout, rotary_dim=12)
+    data = np.random.default_rng(6).standard_normal((2, 3, 7, 16))
+    positions = _positions(backend, data.shape, -2, False)
+    with _generic():
+        before = rope(backend.asarray(data, dtype), positions=positions)
+    with anyrope.use_fast_paths(kernel.name):
+        rope(backend.asarray(data, dtype), backend.asarray(-data, dtype), positions=positions, inverse=True)
+        rope(backend.asarray(data, dtype), offset=100, inverse=True)
+    with _generic():
+        assert_same(backend, rope(backend.asarray(data, dtype), positions=positions), before, dtype)
+
+
 @pytest.mark.kernel_takes("gradients")
 def test_kernel_gradients_match_generic(
     backend: Backend, kernel: anyrope.Kernel, dtype: str, layout: str

@@ -137,6 +137,7 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=False,
         differentiable=False,
         prepare=numpy_cpu.prepare_complex,
+        prepare_pair=numpy_cpu.prepare_pair_complex,
         strided_out=False,
     ),
     Kernel(
@@ -150,6 +151,7 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=False,
         differentiable=False,
         prepare=numpy_cpu.prepare_blocked,
+        prepare_pair=numpy_cpu.prepare_pair_blocked,
         strided_out=False,
     ),
     Kernel(
