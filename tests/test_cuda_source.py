@@ -60,7 +60,7 @@ def _host_kernel(library: Any) -> Any:
         return lambda x, out, source: rotate(job, x, out, source)
 
     def rotate(job: Any, x: Any, out: Any, source: Any) -> Any:
-        angles = source.kernel_angles(x, job.seq_axis)
+        angles = source.kernel_angles(job.compute)
         x = np.ascontiguousarray(x)
         out = out if out is not None else np.empty_like(x)
         assert out.flags.c_contiguous

@@ -19,7 +19,6 @@ from ._angles import cos_sin, cos_sin_of_angles
 from ._cache import table_cache, untracked
 from ._compat import Environment, environment, float64_scope, materialize, take_rows
 from ._context import CallContext
-from ._dtypes import compute_dtype
 from ._frequencies import LengthSwitch, PairFrequencies
 from ._kernel_angles import OFFSET, POSITIONS, STARTS, TABLES, KernelAngles, device_steps
 from ._layout import Layout
@@ -427,13 +426,12 @@ class PositionTables:
         self._lookups[key] = found
         return found
 
-    def kernel_angles(self, x: Any, seq_axis: int) -> KernelAngles:  # noqa: ARG002 - one form per call
-        """The angles as a fused kernel takes them, made once for q and k (while traced, each
-        made copy of the steps is a launch of its own): at an int offset whose rows the cached
-        prefix table holds, those rows, read in place (the kernel forms no angle; the table grows
-        on demand, as every eager call's does); else as the kernel forms them (declared: fixed
-        frequencies, 64-bit integers)."""
-        dtype = compute_dtype(self.ctx.xp, x.dtype)
+    def kernel_angles(self, dtype: Any) -> KernelAngles:
+        """The angles as a fused kernel takes them for arrays of compute dtype ``dtype`` (the
+        plan's), made once for q and k (while traced, each made copy of the steps is a launch of
+        its own): at an int offset whose rows the cached prefix table holds, those rows, read in
+        place (the kernel forms no angle; the table grows on demand, as every eager call's does);
+        else as the kernel forms them (declared: fixed frequencies, 64-bit integers)."""
         found = self._fused.get(dtype)
         if found is None:
             found = self._fused[dtype] = self._kept_kernel_rows(dtype) or self._kernel_angles()
@@ -523,7 +521,7 @@ class GivenTables:
     def tables(self, seq: int, dtype: Any) -> tuple[Any, Any]:  # noqa: ARG002 - one pair for every array
         return self.cos, self.sin
 
-    def kernel_angles(self, x: Any, seq_axis: int) -> KernelAngles:  # noqa: ARG002
+    def kernel_angles(self, dtype: Any) -> KernelAngles:  # noqa: ARG002 - the caller's own dtype
         cos, sin = self.cos, self.sin
         if cos.ndim == 2:
             cos, sin = cos[None, ...], sin[None, ...]

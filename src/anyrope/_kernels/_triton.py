@@ -407,11 +407,11 @@ def prepare(job: Any) -> Any:
     """The launch of one job of an eager call: one that records no gradient launches the kernel
     itself (the op layer, which torch.compile, torch.export and autograd need, costs an eager
     call more than its launch); one that does goes through the ops."""
-    axis, writes = job.seq_axis, job.writes
+    axis, writes, compute = job.seq_axis, job.writes, job.compute
     if not job.ctx.grad:
 
         def direct(x: torch.Tensor, out: Any, source: Any) -> Any:
-            angles = _angles(job, source.kernel_angles(x, axis))
+            angles = _angles(job, source.kernel_angles(compute))
             if writes == NEW:
                 out = torch.empty_like(x)
             _run([(x, out, axis)], angles, direct=True)
@@ -423,10 +423,10 @@ def prepare(job: Any) -> Any:
 
 def prepare_traced(job: Any) -> Any:
     """The launch of one job through the ops: a traced call's, or one autograd records."""
-    axis = job.seq_axis
+    compute = job.compute
 
     def through_ops(x: torch.Tensor, out: Any, source: Any) -> Any:
-        return _call_ops(job, x, out, source.kernel_angles(x, axis))
+        return _call_ops(job, x, out, source.kernel_angles(compute))
 
     return through_ops
 
@@ -434,13 +434,13 @@ def prepare_traced(job: Any) -> Any:
 def prepare_pair(q: Any, k: Any) -> Any:
     """The launch of q and k of one source, dtype, layout and destination kind (both new arrays,
     or both in place) in one kernel launch: an eager call's (see :func:`prepare`)."""
-    x_axis, y_axis, new = q.seq_axis, k.seq_axis, q.writes == NEW
+    x_axis, y_axis, new, compute = q.seq_axis, k.seq_axis, q.writes == NEW, q.compute
     if not q.ctx.grad:
 
         def direct(
             x: torch.Tensor, y: torch.Tensor, out_x: Any, out_y: Any, source: Any, _: Any
         ) -> tuple[Any, Any]:
-            angles = _angles(q, source.kernel_angles(x, x_axis))
+            angles = _angles(q, source.kernel_angles(compute))
             if new:
                 out_x, out_y = torch.empty_like(x), torch.empty_like(y)
             _run([(x, out_x, x_axis), (y, out_y, y_axis)], angles, direct=True)
@@ -453,10 +453,10 @@ def prepare_pair(q: Any, k: Any) -> Any:
 def prepare_pair_traced(q: Any, k: Any) -> Any:
     """The launch of q and k in one kernel launch through the ops: a traced call's, or one
     autograd records."""
-    x_axis, y_axis, new = q.seq_axis, k.seq_axis, q.writes == NEW
+    x_axis, y_axis, new, compute = q.seq_axis, k.seq_axis, q.writes == NEW, q.compute
 
     def through_ops(x: torch.Tensor, y: torch.Tensor, out_x: Any, out_y: Any, source: Any, _: Any) -> Any:  # noqa: ARG001
-        fused = source.kernel_angles(x, x_axis)
+        fused = source.kernel_angles(compute)
         angles = (fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin)
         call = (*angles, fused.mode, fused.pairs, _flags(q, fused), x_axis, y_axis)
         if new:

@@ -110,10 +110,10 @@ def prepare(job: Job) -> Launch:
     the call's angles and arrays."""
     import cupy
 
-    function, axis, new = _function(job.key.dtype), job.seq_axis, job.writes == NEW
+    function, compute, new = _function(job.key.dtype), job.compute, job.writes == NEW
 
     def launch(x: Any, target: Any, source: Any) -> Any:
-        angles = source.kernel_angles(x, axis)
+        angles = source.kernel_angles(compute)
         source_x = cupy.ascontiguousarray(x)  # the array itself where it already is
         if new:
             target = cupy.empty_like(source_x)
