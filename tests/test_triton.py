@@ -263,10 +263,10 @@ def test_kernel_report_for_the_gpu_benchmark(tmp_path: Path) -> None:
     """Issue 55's proof on the CPU machine (tests/triton_report.py): each kernel the GPU
     benchmark's anyrope rows launch, compiled for sm_90 as the launch specialises it, with its
     registers, spills and global loads and stores by width. Asserted: what holds and must keep
-    holding (no kernel spills; prefill, reading the kept table's rows at its host-known offset,
-    reads q, k and those rows and writes its outputs in 128-bit accesses in both layouts and
-    every dtype). The rest is printed (``pytest -s``) and left to the issue: decode's accesses
-    are one element wide."""
+    holding: no kernel spills; every launch, prefill and decode, reads q and k and writes its
+    outputs in 128-bit accesses in both layouts and every dtype; prefill, at its host-known
+    offset, reads the kept table's rows so too. The rest is printed (``pytest -s``): decode
+    forms its float64 angles in the kernel."""
     import bench_gpu
 
     report = tmp_path / "report.json"
@@ -292,9 +292,13 @@ def test_kernel_report_for_the_gpu_benchmark(tmp_path: Path) -> None:
     for row in rows:
         kernel = kernels[row["kernel"]]
         assert kernel["spill_stores"] == kernel["spill_loads"] == 0, (row, kernel)
-        if row["case"].startswith("prefill"):
-            for access in ("x load", "out store", "tables load"):
-                assert set(kernel["widths"][access]) == {"128"}, (row, access, kernel["widths"])
+        wide = (
+            ("x load", "out store", "tables load")
+            if row["case"].startswith("prefill")
+            else ("x load", "out store")
+        )
+        for access in wide:
+            assert set(kernel["widths"][access]) == {"128"}, (row, access, kernel["widths"])
 
 
 def test_per_row_offsets_past_int64_turn_by_their_own_angles(

@@ -96,26 +96,31 @@ def _record(qd: Any, kd: Any, case: str, dtype: str, layout: str, in_place: bool
     _triton._run([(q, outs[0], axis), (k, outs[1], axis)], angles)
 
 
-def specialise(launch: dict[str, Any]) -> tuple[dict[str, str], dict[Any, Any], dict[Any, Any]]:
-    """The launch's signature, constexprs and attributes, by Triton's binder for the target."""
+Specialised = tuple[dict[str, str], dict[Any, Any], dict[Any, Any], dict[str, Any]]
+
+
+def specialise(launch: dict[str, Any]) -> Specialised:
+    """The launch's signature, constexprs and attributes, by Triton's binder for the target, and
+    its compile options (``num_warps``, ``enable_fp_fusion``)."""
     kernel = _triton._rotate_kernel
     backend = make_backend(TARGET)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     options = {k: v for k, v in launch.items() if k not in kernel.arg_names}
     bound, specialization, parsed = binder(*[launch[n] for n in kernel.arg_names], **options)
     _, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, parsed)
-    return signature, constexprs, attrs
+    return signature, constexprs, attrs, options
 
 
-def compile_kernel(specialised: tuple[dict[str, str], dict[Any, Any], dict[Any, Any]]) -> dict[str, Any]:
-    """The specialised kernel compiled for the target: its ptxas figures and its PTX's accesses."""
-    signature, constexprs, attrs = specialised
+def compile_kernel(specialised: Specialised) -> dict[str, Any]:
+    """The specialised kernel compiled for the target with the launch's options: its ptxas
+    figures and its PTX's accesses."""
+    signature, constexprs, attrs, options = specialised
     source = ASTSource(fn=_triton._rotate_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     log = io.StringIO()
     with knobs.compilation.scope(), knobs.nvidia.scope(), contextlib.redirect_stdout(log):
         knobs.compilation.always_compile = True  # a cached kernel would run no ptxas to log
         knobs.nvidia.dump_ptxas_log = True
-        compiled = triton.compile(source, target=TARGET, options={"enable_fp_fusion": False})
+        compiled = triton.compile(source, target=TARGET, options=options)
     assert compiled.asm["cubin"], "no cubin"
     return ptxas_figures(log.getvalue()) | {"accesses": accesses(compiled.asm["ptx"], signature)}
 
@@ -212,10 +217,11 @@ def report() -> dict[str, Any]:
         key = repr(specialised)
         if key not in keys:
             keys[key] = len(kernels)
-            signature, constexprs, _ = specialised
+            signature, constexprs, _, options = specialised
             params = list(signature)
             constants = {params[path[0]]: value for path, value in constexprs.items()}
-            kernels.append({"dtype": row["dtype"], "constants": constants} | compile_kernel(specialised))
+            found = {"dtype": row["dtype"], "constants": constants, "num_warps": options.get("num_warps", 4)}
+            kernels.append(found | compile_kernel(specialised))
         rows.append(row | {"kernel": keys[key]})
     for kernel in kernels:
         widths: dict[str, Counter[int]] = {}
@@ -232,9 +238,9 @@ def table(found: dict[str, Any]) -> str:
     """One row per kernel compiled: what it is, which benchmark launches it serves, its figures."""
     out = [f"target: {found['target']}", ""]
     out.append(
-        "| # | dtype | layout | mode | BLOCK_S | launches | regs | spills (st/ld B) | stack B | global accesses: bits x count |"
+        "| # | dtype | layout | mode | BLOCK_S | HEADS | warps | launches | regs | spills (st/ld B) | stack B | global accesses: bits x count |"
     )
-    out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for i, kernel in enumerate(found["kernels"]):
         c = kernel["constants"]
         rows = [r for r in found["launches"] if r["kernel"] == i]
@@ -245,6 +251,7 @@ def table(found: dict[str, Any]) -> str:
         )
         out.append(
             f"| {i} | {kernel['dtype']} | {'half' if c['HALF'] else 'interleaved'} | {MODES[c['MODE']]} | {c['BLOCK_S']} | "
+            f"{c['HEADS']} | {kernel['num_warps']} | "
             f"{'<br>'.join(served)} | {kernel['registers']} | {kernel['spill_stores']}/{kernel['spill_loads']} | "
             f"{kernel['stack_bytes']} | {widths} |"
         )

@@ -4,7 +4,9 @@ torch and triton).
 x is seen as (batch, heads, seq, trail, head_dim) with any strides (the last one 1): batch is
 x's first axis, heads the axes between it and the sequence, trail those between the sequence
 and the features. A program takes a block of tokens of one batch row, forms their angles once
-(see :mod:`anyrope._kernel_angles`), and rotates them in a group of heads: each pair is read once and written
+(see :mod:`anyrope._kernel_angles`) or reads them, and rotates them in a group of heads, one
+head after another; a one-token launch (a decode step) rotates its group's heads as one tile
+instead, so that every access is 16 bytes wide there too. Each pair is read once and written
 once. Arithmetic is the generic path's, operation for operation: float64 angles, float32 (or
 float64) rotation, one rounding to x's dtype, and no fused multiply-adds (``enable_fp_fusion``
 off), so on a GPU it differs from the generic result only where the device's cos or sin
@@ -155,33 +157,55 @@ def _rotate_block(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton 
             n = n * scale
     if INVERSE:
         n = -n
-    first = j[None, :]  # half layout: pair j is (j, j + PAIRS)
-    second = first + PAIRS
-    element = tl.arange(0, 2 * PAIRS_P2)[None, :]  # interleaved: pair j is (2j, 2j + 1), read as one row
-    tail = 2 * PAIRS + tl.arange(0, TAIL_P2)[None, :]
     out_type = out_ptr.dtype.element_ty
-    for h in range(HEADS):
-        head = group * HEADS + h
-        live = head < heads * trail  # the last group may be short: its extra heads do nothing
+    if BLOCK_S == 1:  # one token (a decode step): the group's heads as one tile, each access wide
+        head = group * HEADS + tl.arange(0, HEADS)
+        live = (head < heads * trail) & s_ok  # the last group may be short
         a = (head // trail).to(tl.int64)
         t = (head % trail).to(tl.int64)
-        x_row = x_ptr + b * sxb + a * sxh + t * sxt + s[:, None] * sxs
-        out_row = out_ptr + b * sob + a * soh + t * sot + s[:, None] * sos
-        if HALF:
-            here = s_ok[:, None] & (j < tl.where(live, PAIRS, 0))[None, :]
-            x1 = _widen(tl.load(x_row + first, mask=here, other=0.0), BF16, COMPUTE)
-            x2 = _widen(tl.load(x_row + second, mask=here, other=0.0), BF16, COMPUTE)
-            tl.store(out_row + first, _narrow(x1 * c - x2 * n, BF16, out_type), mask=here)
-            tl.store(out_row + second, _narrow(x2 * c + x1 * n, BF16, out_type), mask=here)
-        else:  # contiguous rows split into pairs in registers: stride-2 accesses are not vectorised
-            here = s_ok[:, None] & (element < tl.where(live, 2 * PAIRS, 0))
-            row = _widen(tl.load(x_row + element, mask=here, other=0.0), BF16, COMPUTE)
-            x1, x2 = tl.split(tl.reshape(row, (BLOCK_S, PAIRS_P2, 2)))
-            turned = tl.reshape(tl.join(x1 * c - x2 * n, x2 * c + x1 * n), (BLOCK_S, 2 * PAIRS_P2))
-            tl.store(out_row + element, _narrow(turned, BF16, out_type), mask=here)
-        if COPY_TAIL:
-            kept = s_ok[:, None] & (tail < tl.where(live, width, 0))
-            tl.store(out_row + tail, tl.load(x_row + tail, mask=kept), mask=kept)
+        x_rows = x_ptr + (b * sxb + a * sxh + t * sxt + s * sxs)[:, None]
+        out_rows = out_ptr + (b * sob + a * soh + t * sot + s * sos)[:, None]
+        _rotate_rows(x_rows, out_rows, live, c, n, width, PAIRS, PAIRS_P2, TAIL_P2, HALF, COPY_TAIL, BF16, COMPUTE, out_type, HEADS)  # fmt: skip
+    else:
+        for h in range(HEADS):
+            head = group * HEADS + h
+            live = head < heads * trail
+            a = (head // trail).to(tl.int64)
+            t = (head % trail).to(tl.int64)
+            x_rows = x_ptr + b * sxb + a * sxh + t * sxt + s[:, None] * sxs
+            out_rows = out_ptr + b * sob + a * soh + t * sot + s[:, None] * sos
+            rows_ok = s < tl.where(live, seq, 0)  # tokens of the sequence, none past the last head
+            _rotate_rows(x_rows, out_rows, rows_ok, c, n, width, PAIRS, PAIRS_P2, TAIL_P2, HALF, COPY_TAIL, BF16, COMPUTE, out_type, BLOCK_S)  # fmt: skip
+
+
+@triton.jit
+def _rotate_rows(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton types the pointers
+    x_rows, out_rows, rows_ok, c, n, width, PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr, TAIL_P2: tl.constexpr,
+    HALF: tl.constexpr, COPY_TAIL: tl.constexpr, BF16: tl.constexpr, COMPUTE: tl.constexpr, out_type: tl.constexpr,
+    ROWS: tl.constexpr,
+):  # fmt: skip
+    """ROWS rows of features (tokens of a head, or heads of a token: ``x_rows`` and ``out_rows``
+    point at each row's first feature, ``rows_ok`` says which are real), each turned by its row
+    of ``c`` and ``n`` (broadcast against the rows)."""
+    j = tl.arange(0, PAIRS_P2)[None, :]
+    if HALF:  # pair j is (j, j + PAIRS)
+        here = rows_ok[:, None] & (j < PAIRS)
+        x1 = _widen(tl.load(x_rows + j, mask=here, other=0.0), BF16, COMPUTE)
+        x2 = _widen(tl.load(x_rows + j + PAIRS, mask=here, other=0.0), BF16, COMPUTE)
+        tl.store(out_rows + j, _narrow(x1 * c - x2 * n, BF16, out_type), mask=here)
+        tl.store(out_rows + j + PAIRS, _narrow(x2 * c + x1 * n, BF16, out_type), mask=here)
+    else:  # pair j is (2j, 2j + 1): contiguous rows split into pairs in registers (stride-2
+        # accesses are not vectorised)
+        element = tl.arange(0, 2 * PAIRS_P2)[None, :]
+        here = rows_ok[:, None] & (element < 2 * PAIRS)
+        row = _widen(tl.load(x_rows + element, mask=here, other=0.0), BF16, COMPUTE)
+        x1, x2 = tl.split(tl.reshape(row, (ROWS, PAIRS_P2, 2)))
+        turned = tl.reshape(tl.join(x1 * c - x2 * n, x2 * c + x1 * n), (ROWS, 2 * PAIRS_P2))
+        tl.store(out_rows + element, _narrow(turned, BF16, out_type), mask=here)
+    if COPY_TAIL:
+        tail = 2 * PAIRS + tl.arange(0, TAIL_P2)[None, :]
+        kept = rows_ok[:, None] & (tail < width)
+        tl.store(out_rows + tail, tl.load(x_rows + tail, mask=kept), mask=kept)
 
 
 def _five(x: torch.Tensor, seq_axis: int) -> torch.Tensor | None:
@@ -231,6 +255,11 @@ def _launch(
         static = static and isinstance(n, int)
     block_s = max(1, min(triton.next_power_of_2(max(seqs)), widest)) if static else widest
     group = min(8, max(lanes)) if static else 8
+    warps = 4
+    if block_s == 1:  # one token: a tile of the group's heads (a power of two), 16 bytes a thread
+        group = min(8, triton.next_power_of_2(max(lanes))) if static else 8
+        row = (pairs_p2 if flags & HALF else 2 * pairs_p2) * arrays[0][0].element_size()
+        warps = max(1, min(4, group * row // (32 * 16)))
     programs = [
         x.shape[0] * triton.cdiv(n, group) * triton.cdiv(seq, block_s)
         for (x, _), n, seq in zip(arrays, lanes, seqs, strict=True)
@@ -259,7 +288,7 @@ def _launch(
             INVERSE=bool(flags & INVERSE), SCALED=bool(flags & SCALED),
             COPY_TAIL=copy_tail and width > 2 * pairs,
             WIDE=x.dtype == torch.float64, BF16=x.dtype == torch.bfloat16, SPLIT=SPLIT_BITS, MASK=(1 << SPLIT_BITS) - 1,
-            BLOCK_S=block_s, HEADS=group, TWO=len(arrays) == 2, enable_fp_fusion=False,
+            BLOCK_S=block_s, HEADS=group, TWO=len(arrays) == 2, enable_fp_fusion=False, num_warps=warps,
         )  # fmt: skip
 
 
