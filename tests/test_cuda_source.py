@@ -53,8 +53,9 @@ def _as_c(value: Any) -> Any:
     return ctypes.c_int(int(value)) if value.dtype == np.int32 else ctypes.c_longlong(int(value))
 
 
-def _host_kernel(library: Any) -> Any:
-    """A stand-in for the registry's prepare: the CUDA source's threads on the host."""
+def _host_kernel(library: Any, launches: list[tuple[int, bool]]) -> Any:
+    """A stand-in for the registry's prepare: the CUDA source's threads on the host; each
+    launch's pairs per thread and whether its packs are aligned words go to ``launches``."""
 
     def prepare(job: Any) -> Any:
         return lambda x, out, source: rotate(job, x, out, source)
@@ -64,24 +65,33 @@ def _host_kernel(library: Any) -> Any:
         x = np.ascontiguousarray(x)
         out = out if out is not None else np.empty_like(x)
         assert out.flags.c_contiguous
-        grid, block, args = cupy_cuda.arguments(job, angles, x, out)
+        grid, block, name, args = cupy_cuda.arguments(job, angles, x, out)
+        assert name in cupy_cuda.NAMES
+        _, per_thread, half, aligned = name[len("anyrope::rotate<") : -1].split(", ")
+        launches.append((int(per_thread), aligned == "true"))
         run = getattr(library, f"rotate_{x.dtype.name}")
-        run(
+        failed = run(
             ctypes.c_longlong(grid[0]),
             ctypes.c_longlong(grid[1]),
             ctypes.c_longlong(block),
+            ctypes.c_int(int(per_thread)),
+            ctypes.c_bool(half == "true"),
+            ctypes.c_bool(aligned == "true"),
             *map(_as_c, args),
         )
+        assert failed == 0, f"no {name} on the host"
         return out
 
     return prepare
 
 
-def _through_source(library: Any, call: Any) -> Any:
+def _through_source(library: Any, call: Any, launches: list[tuple[int, bool]] | None = None) -> Any:
     """``call()`` with the registry's CuPy declaration, taking NumPy arrays, as the only kernel:
-    what the declaration says it takes is what the source is run on."""
+    what the declaration says it takes is what the source is run on. ``launches``: where each
+    launch's packing goes (see ``_host_kernel``)."""
     cupy = next(k for k in anyrope.kernels() if k.name == "cupy")
-    stand_in = dataclasses.replace(cupy, libraries=frozenset({"numpy"}), prepare=_host_kernel(library))
+    kernel = _host_kernel(library, [] if launches is None else launches)
+    stand_in = dataclasses.replace(cupy, libraries=frozenset({"numpy"}), prepare=kernel)
     with anyrope.use_fast_paths(stand_in):
         return call()
 
@@ -162,6 +172,46 @@ def test_source_with_given_tables(library: Any, dtype: str) -> None:
             np.testing.assert_array_equal(_through_source(library, call), _generic(call))
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_source_moves_sixteen_bytes_where_aligned(library: Any, dtype: str, layout: str) -> None:
+    """A head of 128 features moves 16 bytes per access (the widest pack of its dtype); one that
+    starts an element past a 16-byte boundary, or whose rotary pairs no wider pack divides,
+    moves a pair at a time (interleaved pairs as one word only where it is aligned); all equal
+    the generic path bit for bit."""
+    itemsize = np.dtype(dtype).itemsize
+    widest = 16 // itemsize if layout == "half" else 8 // itemsize
+    half = layout == "half"
+    rope, narrow = anyrope.RoPE(128, layout=layout), anyrope.RoPE(128, rotary_dim=126, layout=layout)
+    data = RNG.standard_normal(2 * 3 * 5 * 128 + 1).astype(dtype)
+    aligned = data[:-1].reshape(2, 3, 5, 128)
+    shifted = data[1:].reshape(2, 3, 5, 128)  # one element on: no 16-byte boundary
+    assert aligned.ctypes.data % 16 == 0
+    cases = ((aligned, rope, (widest, True)), (shifted, rope, (1, half)), (aligned, narrow, (1, True)))
+    for x, model, expected in cases:
+        launches: list[tuple[int, bool]] = []
+        got = _through_source(library, lambda x=x, model=model: model(x, offset=11), launches)
+        np.testing.assert_array_equal(got, _generic(lambda x=x, model=model: model(x, offset=11)))
+        assert launches == [expected], (x.ctypes.data % 16, model.rotary_dim)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_source_forms_offset_angles_as_under_capture(
+    library: Any, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under CUDA-graph capture an int offset's angles are formed in the kernel (OFFSET mode, not
+    the kept table's rows): the same result, with each thread forming its pack of angles."""
+    from anyrope import _tables
+
+    monkeypatch.setattr(_tables, "graph_capturing", lambda *_: True)
+    rope = anyrope.RoPE(64, rotary_dim=48, layout=layout)
+    x = RNG.standard_normal((2, 3, 7, 64)).astype(np.float16)
+    launches: list[tuple[int, bool]] = []
+    got = _through_source(library, lambda: rope(x, offset=2**40 + 3), launches)
+    np.testing.assert_array_equal(got, _generic(lambda: rope(x, offset=2**40 + 3)))
+    assert launches == [(8 if layout == "half" else 4, True)]
+
+
 def test_source_takes_what_the_registry_declares() -> None:
     """The registry's CuPy kernel covers the dtypes the source is instantiated for."""
     declared = next(k for k in anyrope.kernels() if k.name == "cupy")
@@ -181,3 +231,27 @@ def test_source_turns_per_row_offsets_past_int64(library: Any, monkeypatch: pyte
     want = _generic(lambda: rope(x, offset=starts))
     got = _through_source(library, lambda: rope(x, offset=starts))
     np.testing.assert_array_equal(got, want)
+
+
+def test_compiled_kernels_for_sm_90() -> None:
+    """Issue 55's proof for the CuPy kernel on the CPU machine (tests/cuda_report.py): every
+    kernel rope.cu is compiled into, built by nvcc for sm_90 with CuPy's options. None spills;
+    the one each dtype and layout runs where x and out are aligned (every CuPy allocation, every
+    GPU benchmark row) reads x and writes out in 128-bit accesses only."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed (the CUDA toolkit's compiler)")
+    import cuda_report
+
+    found = cuda_report.report(nvcc)
+    print(cuda_report.table(found))
+    assert set(found["kernels"]) == set(cupy_cuda.NAMES)
+    for name, kernel in found["kernels"].items():
+        assert kernel["spill_stores"] == kernel["spill_loads"] == 0, (name, kernel)
+        assert "? load" not in kernel["widths"], kernel  # each access traced to its array
+        assert "? store" not in kernel["widths"], kernel
+    for dtype, itemsize in (("float16", 2), ("float32", 4), ("float64", 8)):
+        for half in (True, False):
+            widest = cupy_cuda.kernel_name(dtype, 16 // itemsize if half else 8 // itemsize, half, True)
+            for access in ("x load", "out store"):
+                assert set(found["kernels"][widest]["widths"][access]) == {128}, (widest, access)

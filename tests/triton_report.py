@@ -21,14 +21,13 @@ import argparse
 import contextlib
 import io
 import json
-import re
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import torch
 import triton
+from ptx import accesses, cells, ptxas_figures, widths
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
@@ -50,8 +49,6 @@ MODES = {TABLES: "kept rows", STARTS: "starts"}
 # the array each pointer argument is: q's and k's (x and y) alike
 ARRAYS = {"x_ptr": "x", "y_ptr": "x", "out_ptr": "out", "y_out_ptr": "out", "index_ptr": "index"}
 ARRAYS |= {"steps_ptr": "steps", "streams_ptr": "streams", "cos_ptr": "tables", "sin_ptr": "tables"}
-_INSTRUCTION = re.compile(r"(?:@!?%\w+\s+)?([a-z][\w.:]*)\s*(.*)")
-_NO_RESULT = ("st.", "bra", "ret", "bar.", "call", "red.", "prefetch")
 
 
 def launches() -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -122,89 +119,8 @@ def compile_kernel(specialised: Specialised) -> dict[str, Any]:
         knobs.nvidia.dump_ptxas_log = True
         compiled = triton.compile(source, target=TARGET, options=options)
     assert compiled.asm["cubin"], "no cubin"
-    return ptxas_figures(log.getvalue()) | {"accesses": accesses(compiled.asm["ptx"], signature)}
-
-
-def ptxas_figures(log: str) -> dict[str, Any]:
-    """Registers per thread of the entry function, and the spills and stack frames of all its
-    functions (libdevice's slow path of cos and sin is one of its own), from ptxas's ``-v`` log."""
-    used = re.findall(r"Used (\d+) registers", log)
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert used, log
-    assert frames, log
-    return {
-        "registers": int(used[0]),
-        "spill_stores": sum(int(f[1]) for f in frames),
-        "spill_loads": sum(int(f[2]) for f in frames),
-        "stack_bytes": sum(int(f[0]) for f in frames),
-    }
-
-
-def accesses(ptx: str, signature: dict[str, str]) -> dict[str, dict[str, int]]:
-    """Each global load and store instruction of the PTX, counted by the array it reads or
-    writes and by instruction: ``{"x load": {"ld.global.v4.b32": 4}, ...}``. The array is the
-    pointer argument its address is computed from, traced back through the registers that
-    define it (PTX's line info, ``.loc``, names the wrong lines once LLVM has moved code), or
-    the global symbol (libdevice's tables for cos and sin)."""
     params = [name for name, kind in signature.items() if kind != "constexpr"]  # the PTX's, in order
-    symbols = set(re.findall(r"^\.global\s.*?(\w+)\[", ptx, flags=re.MULTILINE))
-    found: dict[str, Counter[str]] = {}
-    defs: dict[str, set[str]] = {}  # register -> the registers, params and symbols it is made of
-    for line in ptx.splitlines():
-        text = line.split("//")[0].strip().rstrip(";").strip()
-        if re.search(r"\.(entry|func)\s", text):
-            defs = {}  # a function's registers are its own
-        instruction = _INSTRUCTION.fullmatch(text)
-        if text.startswith((".", "{", "}", "$")) or not instruction:
-            continue
-        op, operands = instruction[1], instruction[2]
-        address = re.search(r"\[([^\]]*)\]", operands)
-        if re.match(r"(ld|st)\.global\.", op) and address:
-            roots = _roots(address[1], defs, symbols)
-            arrays = {
-                ARRAYS.get(params[int(r)], "") if r.isdigit() and int(r) < len(params) else r for r in roots
-            }
-            kind = "+".join(sorted(a for a in arrays if a)) or "?"
-            found.setdefault(f"{kind} {'load' if op.startswith('ld') else 'store'}", Counter())[op] += 1
-        if op.startswith(_NO_RESULT):
-            continue
-        result, _, rest = operands.partition("}") if operands.startswith("{") else operands.partition(",")
-        if op.startswith("ld.param"):  # a kernel's argument (a function's, libdevice's, is a value)
-            param = re.search(r"_rotate_kernel_param_(\d+)", rest)
-            sources = {f"param:{param[1]}"} if param else set()
-        elif op.startswith("ld."):  # read from memory: not traced further
-            sources = set()
-        else:
-            sources = set(re.findall(r"%\w+", rest)) | {
-                f"symbol:{t}" for t in re.findall(r"\w+", rest) if t in symbols
-            }
-        for register in re.findall(r"%\w+", result):
-            defs.setdefault(register, set()).update(sources)
-    return {kind: dict(sorted(counts.items())) for kind, counts in sorted(found.items())}
-
-
-def _roots(address: str, defs: dict[str, set[str]], symbols: set[str]) -> set[str]:
-    """The kernel's params (their indices) and the global symbols an address is made of."""
-    roots = {t for t in re.findall(r"\w+", address) if t in symbols}
-    todo, seen = re.findall(r"%\w+", address), set()
-    while todo:
-        register = todo.pop()
-        if register not in seen:
-            seen.add(register)
-            for source in defs.get(register, ()):
-                if ":" in source:  # a param or a symbol
-                    roots.add(source.split(":", 1)[1])
-                else:
-                    todo.append(source)
-    return roots
-
-
-def bits(instruction: str) -> int:
-    """The width of one access in bits: ``ld.global.v4.b32`` 128, ``ld.global.nc.b16`` 16."""
-    parts = instruction.split(".")
-    vector = next((int(p[1:]) for p in parts if re.fullmatch(r"v\d+", p)), 1)
-    size = next(int(p[1:]) for p in reversed(parts) if re.fullmatch(r"[bsuf]\d+", p))
-    return vector * size
+    return ptxas_figures(log.getvalue()) | {"accesses": accesses(compiled.asm["ptx"], params, ARRAYS)}
 
 
 def report() -> dict[str, Any]:
@@ -224,11 +140,7 @@ def report() -> dict[str, Any]:
             kernels.append(found | compile_kernel(specialised))
         rows.append(row | {"kernel": keys[key]})
     for kernel in kernels:
-        widths: dict[str, Counter[int]] = {}
-        for kind, counts in kernel["accesses"].items():
-            for instruction, n in counts.items():
-                widths.setdefault(kind, Counter())[bits(instruction)] += n
-        kernel["widths"] = {kind: dict(sorted(c.items())) for kind, c in widths.items()}
+        kernel["widths"] = widths(kernel["accesses"])
     ptxas = get_ptxas(TARGET.arch).version
     target = f"{TARGET.backend} sm_{TARGET.arch} (H100, H200), triton {triton.__version__}, ptxas {ptxas}"
     return {"target": target, "kernels": kernels, "launches": rows}
@@ -245,15 +157,9 @@ def table(found: dict[str, Any]) -> str:
         c = kernel["constants"]
         rows = [r for r in found["launches"] if r["kernel"] == i]
         served = [f"{r['size']} {r['case']} {r['q'][1]}/{r['k'][1]} heads {r['variant']}" for r in rows]
-        widths = "; ".join(
-            f"{kind} " + ", ".join(f"{b}x{n}" for b, n in counts.items())
-            for kind, counts in kernel["widths"].items()
-        )
         out.append(
             f"| {i} | {kernel['dtype']} | {'half' if c['HALF'] else 'interleaved'} | {MODES[c['MODE']]} | {c['BLOCK_S']} | "
-            f"{c['HEADS']} | {kernel['num_warps']} | "
-            f"{'<br>'.join(served)} | {kernel['registers']} | {kernel['spill_stores']}/{kernel['spill_loads']} | "
-            f"{kernel['stack_bytes']} | {widths} |"
+            f"{c['HEADS']} | {kernel['num_warps']} | {'<br>'.join(served)} | {cells(kernel)} |"
         )
     return "\n".join(out)
 

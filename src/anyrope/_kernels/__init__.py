@@ -67,8 +67,8 @@ REGISTRY: tuple[Kernel, ...] = (
     Kernel(
         name="cupy",
         summary="the same pass in CUDA C for CuPy arrays (rope.cu, compiled by NVRTC without fused "
-        "multiply-adds): a thread per token and pair forms its angle once and rotates that pair in "
-        "a group of heads",
+        "multiply-adds): a thread per token and 16 bytes of pairs reads or forms their angles once "
+        "and rotates them in a group of heads, 16 bytes per access",
         libraries=frozenset({"cupy"}),
         devices=ANY,
         layouts=BOTH,

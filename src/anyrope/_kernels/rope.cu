@@ -6,17 +6,18 @@
 // on NumPy arrays and holds it to the generic result.
 //
 // x and out are seen as (batch, heads, seq, trail, width), strides in elements, features
-// adjacent. One thread per (batch row b, token s, pair j) forms that pair's angle once, by the
-// core's float64 scheme (anyrope/_angles.py: the position's magnitude in 21-bit parts, each times
-// its level's exactly reduced step, summed in float64; float64 cos and sin; one cast), then
-// rotates the pair in each head of its group (blockIdx.y).
+// adjacent. One thread per (batch row b, token s, V adjacent pairs from j0) forms those pairs'
+// angles once, by the core's float64 scheme (anyrope/_angles.py: the position's magnitude in
+// 21-bit parts, each times its level's exactly reduced step, summed in float64; float64 cos and
+// sin; one cast), or reads them from the tables, then rotates them in each head of its group
+// (blockIdx.y), moving 16 bytes per access where the launch allows (cupy_cuda.pairs_per_thread).
 
 #include <cuda_fp16.h>
 
 namespace anyrope {
 
 enum Mode { OFFSET = 0, STARTS = 1, POSITIONS = 2, TABLES = 3 };
-enum Flag { HALF = 1, INVERSE = 2, SCALED = 4, COPY_TAIL = 8, MULTI = 16 };
+enum Flag { INVERSE = 2, SCALED = 4, COPY_TAIL = 8, MULTI = 16 };  // the layout is HALF_PAIRS
 
 struct Call {
     long long batch, heads, seq, trail, width, pairs, group, start;
@@ -43,67 +44,145 @@ __host__ __device__ inline void narrow(double v, double* to) { *to = v; }
 #endif
 const long long PART = (1LL << ANYROPE_SPLIT_BITS) - 1;
 
-template <typename T>
+// An unsigned integer or CUDA vector type of BYTES bytes: one access of that width.
+template <int BYTES> struct Word;
+template <> struct Word<2> { typedef unsigned short type; };
+template <> struct Word<4> { typedef unsigned int type; };
+template <> struct Word<8> { typedef uint2 type; };
+template <> struct Word<16> { typedef uint4 type; };
+
+// N adjacent elements: read and written as one word where ALIGNED (the launch checked every
+// address: 16 bytes, one 128-bit instruction, where it could), else element by element. The
+// elements share their storage with the word: a struct of elements alone, built one by one, is
+// stored one by one again.
+template <typename T, int N, bool ALIGNED> struct Pack {
+    T v[N];
+};
+template <typename T, int N> struct Pack<T, N, true> {
+    typedef typename Word<sizeof(T) * N>::type Whole;
+    union {
+        Whole word;
+        T v[N];
+    };
+};
+
+// One word stored by one instruction of its width: written in C++, a word whose parts were
+// computed apart is stored apart again (the compiler splits it back into its elements).
+__host__ __device__ inline void store(unsigned short* to, unsigned short w) { *to = w; }
+__host__ __device__ inline void store(unsigned int* to, unsigned int w) { *to = w; }
+__host__ __device__ inline void store(uint2* to, uint2 w) {
+#ifdef __CUDA_ARCH__
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(to), "r"(w.x), "r"(w.y) : "memory");
+#else
+    *to = w;
+#endif
+}
+__host__ __device__ inline void store(uint4* to, uint4 w) {
+#ifdef __CUDA_ARCH__
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(to), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w)
+                 : "memory");
+#else
+    *to = w;
+#endif
+}
+
+// A pack written to memory: an aligned one as its word, the other element by element.
+template <typename T, int N>
+__host__ __device__ inline void put(T* to, const Pack<T, N, true>& pack) {
+    store(reinterpret_cast<typename Pack<T, N, true>::Whole*>(to), pack.word);
+}
+template <typename T, int N>
+__host__ __device__ inline void put(T* to, const Pack<T, N, false>& pack) {
+    *reinterpret_cast<Pack<T, N, false>*>(to) = pack;
+}
+
+// Pairs per thread, V: a power of two dividing the rotary pairs. Half pairs (HALF_PAIRS) move as
+// two packs of V elements (j..j+V, and pairs later), interleaved ones as one pack of 2V.
+template <typename T, int V, bool HALF_PAIRS, bool ALIGNED>
 __host__ __device__ void rotate_thread(
     long long thread, long long group, const T* x, T* out, const long long* index, const double* steps,
     const int* streams, const typename Work<T>::type* cos_table, const typename Work<T>::type* sin_table,
     const Call& call) {
     typedef typename Work<T>::type W;
-    const long long pairs = call.pairs;
-    const long long j = thread % pairs;
-    const long long s = (thread / pairs) % call.seq;
-    const long long b = thread / (pairs * call.seq);
+    const long long pairs = call.pairs, chunks = pairs / V;
+    const long long j0 = (thread % chunks) * V;
+    const long long s = (thread / chunks) % call.seq;
+    const long long b = thread / (chunks * call.seq);
     if (b >= call.batch) return;
-    W c, n;
-    if (call.mode == TABLES) {
-        const long long at = b * call.ts[0] + s * call.ts[1] + j;
-        c = cos_table[at];
-        n = sin_table[at];
-    } else {
-        long long p, row_start = 0;
-        if (call.mode == OFFSET) {
-            p = call.start + s;
-        } else if (call.mode == STARTS) {
-            row_start = index[b * call.is[1]];
-            p = (long long)((unsigned long long)row_start + (unsigned long long)s);  // wraps, defined
-        } else {
-            const long long stream = (call.flags & MULTI) ? streams[j] : 0;  // the pair's own stream
-            p = index[stream * call.is[0] + b * call.is[1] + s * call.is[2]];
-        }
-        const bool negative = p < 0;
-        const long long magnitude = negative ? -1 - p : p;  // never overflows
-        const double f0 = steps[j];
-        double low = (double)(magnitude & PART) * f0;
-        const long long high = magnitude >> ANYROPE_SPLIT_BITS;
-        low = (double)(high & PART) * steps[pairs + j] + low;
-        low = (double)((high >> ANYROPE_SPLIT_BITS) & PART) * steps[2 * pairs + j] + low;
-        double angle = negative ? -(low + f0) : low;
-        // a position past int64 wrapped below its row's start: 2**64 positions back (as the core's)
-        if (call.mode == STARTS && p < row_start) angle = angle + steps[4 * pairs + j];
-        c = (W)cos(angle);
-        n = (W)sin(angle);
-        if (call.flags & SCALED) {
-            const W scale = (W)steps[3 * pairs + j];
-            c = c * scale;
-            n = n * scale;
-        }
+    W c[V], n[V];
+    long long p = 0, row_start = 0;
+    if (call.mode == OFFSET) {
+        p = call.start + s;
+    } else if (call.mode == STARTS) {
+        row_start = index[b * call.is[1]];
+        p = (long long)((unsigned long long)row_start + (unsigned long long)s);  // wraps, defined
     }
-    if (call.flags & INVERSE) n = -n;
-    const long long first = (call.flags & HALF) ? j : 2 * j;
-    const long long second = (call.flags & HALF) ? j + pairs : 2 * j + 1;
+    for (int v = 0; v < V; ++v) {
+        const long long j = j0 + v;
+        if (call.mode == TABLES) {
+            const long long at = b * call.ts[0] + s * call.ts[1] + j;
+            c[v] = cos_table[at];
+            n[v] = sin_table[at];
+        } else {
+            if (call.mode == POSITIONS) {
+                const long long stream = (call.flags & MULTI) ? streams[j] : 0;  // the pair's own stream
+                p = index[stream * call.is[0] + b * call.is[1] + s * call.is[2]];
+            }
+            const bool negative = p < 0;
+            const long long magnitude = negative ? -1 - p : p;  // never overflows
+            const double f0 = steps[j];
+            double low = (double)(magnitude & PART) * f0;
+            const long long high = magnitude >> ANYROPE_SPLIT_BITS;
+            low = (double)(high & PART) * steps[pairs + j] + low;
+            low = (double)((high >> ANYROPE_SPLIT_BITS) & PART) * steps[2 * pairs + j] + low;
+            double angle = negative ? -(low + f0) : low;
+            // a position past int64 wrapped below its row's start: 2**64 positions back (as the core's)
+            if (call.mode == STARTS && p < row_start) angle = angle + steps[4 * pairs + j];
+            c[v] = (W)cos(angle);
+            n[v] = (W)sin(angle);
+            if (call.flags & SCALED) {
+                const W scale = (W)steps[3 * pairs + j];
+                c[v] = c[v] * scale;
+                n[v] = n[v] * scale;
+            }
+        }
+        if (call.flags & INVERSE) n[v] = -n[v];
+    }
     const long long every = call.heads * call.trail;
     const long long stop = (group + 1) * call.group < every ? (group + 1) * call.group : every;
     for (long long h = group * call.group; h < stop; ++h) {
         const long long a = h / call.trail, t = h % call.trail;
         const T* from = x + b * call.xs[0] + a * call.xs[1] + s * call.xs[2] + t * call.xs[3];
         T* to = out + b * call.os[0] + a * call.os[1] + s * call.os[2] + t * call.os[3];
-        const W x1 = widen(from[first]), x2 = widen(from[second]);
-        const W turned1 = x1 * c - x2 * n;
-        const W turned2 = x2 * c + x1 * n;
-        narrow(turned1, to + first);
-        narrow(turned2, to + second);
-        if (call.flags & COPY_TAIL) {
-            for (long long k = 2 * pairs + j; k < call.width; k += pairs) to[k] = from[k];
+        if constexpr (HALF_PAIRS) {  // the other layout's packs are not instantiated
+            typedef Pack<T, V, ALIGNED> Half;
+            const Half first = *reinterpret_cast<const Half*>(from + j0);
+            const Half second = *reinterpret_cast<const Half*>(from + j0 + pairs);
+            Half turned1, turned2;
+            for (int v = 0; v < V; ++v) {
+                const W x1 = widen(first.v[v]), x2 = widen(second.v[v]);
+                narrow(x1 * c[v] - x2 * n[v], &turned1.v[v]);
+                narrow(x2 * c[v] + x1 * n[v], &turned2.v[v]);
+            }
+            put(to + j0, turned1);
+            put(to + j0 + pairs, turned2);
+        } else {
+            typedef Pack<T, 2 * V, ALIGNED> Both;
+            const Both both = *reinterpret_cast<const Both*>(from + 2 * j0);
+            Both turned;
+            for (int v = 0; v < V; ++v) {
+                const W x1 = widen(both.v[2 * v]), x2 = widen(both.v[2 * v + 1]);
+                narrow(x1 * c[v] - x2 * n[v], &turned.v[2 * v]);
+                narrow(x2 * c[v] + x1 * n[v], &turned.v[2 * v + 1]);
+            }
+            put(to + 2 * j0, turned);
+        }
+        if (call.flags & COPY_TAIL) {  // the features past the rotary ones, a pack at a time
+            const int size = HALF_PAIRS ? V : 2 * V;  // the width and the features divide by it
+            typedef Pack<T, HALF_PAIRS ? V : 2 * V, ALIGNED> Rest;
+            for (long long k = 2 * pairs + (j0 / V) * size; k < call.width; k += chunks * size) {
+                put(to + k, *reinterpret_cast<const Rest*>(from + k));
+            }
         }
     }
 }
@@ -121,12 +200,12 @@ __host__ __device__ void rotate_thread(
     {batch, heads, seq, trail, width, pairs, group, start, {xs0, xs1, xs2, xs3}, {os0, os1, os2, os3}, \
      {is0, is1, is2}, {ts0, ts1}, mode, flags}
 
-template <typename T>
+template <typename T, int V, bool HALF_PAIRS, bool ALIGNED>
 __global__ void rotate(ANYROPE_PARAMETERS(T)) {
     const Call call = ANYROPE_CALL;
     const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (thread < batch * seq * pairs) {
-        rotate_thread<T>(thread, blockIdx.y, x, out, index, steps, streams, cos_table, sin_table, call);
+    if (thread < batch * seq * (pairs / V)) {
+        rotate_thread<T, V, HALF_PAIRS, ALIGNED>(thread, blockIdx.y, x, out, index, steps, streams, cos_table, sin_table, call);
     }
 }
 
