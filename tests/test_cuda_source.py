@@ -53,45 +53,52 @@ def _as_c(value: Any) -> Any:
     return ctypes.c_int(int(value)) if value.dtype == np.int32 else ctypes.c_longlong(int(value))
 
 
-def _host_kernel(library: Any, launches: list[tuple[int, bool]]) -> Any:
-    """A stand-in for the registry's prepare: the CUDA source's threads on the host; each
-    launch's pairs per thread and whether its packs are aligned words go to ``launches``."""
+class _HostFunctions:
+    """rope.cu's kernels by name, as CuPy's launcher calls them, run on the host: every thread
+    of each launch in turn. Each launch's pairs per thread and whether its packs are aligned
+    words go to ``launches``; ``pairs`` counts the launches that turned q and k together."""
 
-    def prepare(job: Any) -> Any:
-        return lambda x, out, source: rotate(job, x, out, source)
+    def __init__(self, library: Any) -> None:
+        self.library, self.launches, self.pairs = library, [], 0
 
-    def rotate(job: Any, x: Any, out: Any, source: Any) -> Any:
-        angles = source.kernel_angles(job.compute)
-        x = np.ascontiguousarray(x)
-        out = out if out is not None else np.empty_like(x)
-        assert out.flags.c_contiguous
-        grid, block, name, args = cupy_cuda.arguments(job, angles, x, out)
+    def __getitem__(self, name: str) -> Any:
         assert name in cupy_cuda.NAMES
-        _, per_thread, half, aligned = name[len("anyrope::rotate<") : -1].split(", ")
-        launches.append((int(per_thread), aligned == "true"))
-        run = getattr(library, f"rotate_{x.dtype.name}")
-        failed = run(
-            ctypes.c_longlong(grid[0]),
-            ctypes.c_longlong(grid[1]),
-            ctypes.c_longlong(block),
-            ctypes.c_int(int(per_thread)),
-            ctypes.c_bool(half == "true"),
-            ctypes.c_bool(aligned == "true"),
-            *map(_as_c, args),
-        )
-        assert failed == 0, f"no {name} on the host"
-        return out
+        dtype, per_thread, half, aligned = name[len("anyrope::rotate<") : -1].split(", ")
+        dtype = {t: d for d, t in cupy_cuda.TYPES.items()}[dtype]
 
-    return prepare
+        def run(grid: tuple[int, int], block: tuple[int], args: tuple[Any, ...]) -> None:
+            self.launches.append((int(per_thread), aligned == "true"))
+            self.pairs += args[0] is not args[30]  # x, then y: another array for k
+            failed = getattr(self.library, f"rotate_{dtype}")(
+                ctypes.c_longlong(grid[0]),
+                ctypes.c_longlong(grid[1]),
+                ctypes.c_longlong(block[0]),
+                ctypes.c_int(int(per_thread)),
+                ctypes.c_bool(half == "true"),
+                ctypes.c_bool(aligned == "true"),
+                *map(_as_c, args),
+            )
+            assert failed == 0, f"no {name} on the host"
+
+        return run
 
 
-def _through_source(library: Any, call: Any, launches: list[tuple[int, bool]] | None = None) -> Any:
+def _through_source(library: Any, call: Any, functions: _HostFunctions | None = None) -> Any:
     """``call()`` with the registry's CuPy declaration, taking NumPy arrays, as the only kernel:
-    what the declaration says it takes is what the source is run on. ``launches``: where each
-    launch's packing goes (see ``_host_kernel``)."""
+    what the declaration says it takes is what the source is run on, through the CuPy kernel's
+    own launchers (``functions``: the host's kernels, a new set where not given)."""
     cupy = next(k for k in anyrope.kernels() if k.name == "cupy")
-    kernel = _host_kernel(library, [] if launches is None else launches)
-    stand_in = dataclasses.replace(cupy, libraries=frozenset({"numpy"}), prepare=kernel)
+    functions = _HostFunctions(library) if functions is None else functions
+
+    def prepare_pair(q: Any, k: Any) -> Any:
+        return cupy_cuda.pair_launcher(q, k, np, functions) if cupy_cuda.pairable(q, k) else None
+
+    stand_in = dataclasses.replace(
+        cupy,
+        libraries=frozenset({"numpy"}),
+        prepare=lambda job: cupy_cuda.launcher(job, np, functions),
+        prepare_pair=prepare_pair,
+    )
     with anyrope.use_fast_paths(stand_in):
         return call()
 
@@ -145,16 +152,45 @@ def test_source_matches_generic(library: Any, name: str, dtype: str, layout: str
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_source_in_place_and_other_axes(library: Any, layout: str) -> None:
     """(batch, seq, heads, head_dim) with per-row positions, in place, and q and k of other head
-    counts (more heads than a thread's group of 8)."""
+    counts (more heads than a thread's group of 8): both in one launch."""
     rope = anyrope.RoPE(32, rotary_dim=24, layout=layout)
     q = RNG.standard_normal((2, 5, 11, 32)).astype(np.float32)
     k = RNG.standard_normal((2, 5, 3, 32)).astype(np.float32)
     positions = RNG.integers(0, 4096, size=(2, 5))
     want_q, want_k = _generic(lambda: rope(q, k, positions=positions, seq_axis=-3))
     got_q, got_k = q.copy(), k.copy()
-    _through_source(library, lambda: rope(got_q, got_k, positions=positions, seq_axis=-3, inplace=True))
+    host = _HostFunctions(library)
+    _through_source(library, lambda: rope(got_q, got_k, positions=positions, seq_axis=-3, inplace=True), host)
     np.testing.assert_array_equal(got_q, want_q)
     np.testing.assert_array_equal(got_k, want_k)
+    assert (len(host.launches), host.pairs) == (1, 1)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_source_turns_q_and_k_in_one_launch(library: Any, dtype: str, layout: str) -> None:
+    """q and k of one call, new arrays, share a launch whatever their head counts (k's more than
+    q's too, past a group of 8), its packing the narrowest either allows (k one element off a
+    16-byte boundary: a pair at a time); where they cannot (sequences of other lengths), two."""
+    rope = anyrope.RoPE(64, rotary_dim=48, layout=layout)
+    data = RNG.standard_normal(2 * 9 * 6 * 64 + 1).astype(dtype)
+    q = RNG.standard_normal((2, 3, 6, 64)).astype(dtype)
+    for k in (data[:-1].reshape(2, 9, 6, 64), data[1:].reshape(2, 9, 6, 64)):
+        for kwargs in ({"offset": [4, 70]}, {"positions": np.arange(6) * 1000}, {"offset": 3}):
+            host = _HostFunctions(library)
+            got = _through_source(library, lambda k=k, kwargs=kwargs: rope(q, k, **kwargs), host)
+            want = _generic(lambda k=k, kwargs=kwargs: rope(q, k, **kwargs))
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_array_equal(a, b)
+            itemsize, half = np.dtype(dtype).itemsize, layout == "half"
+            widest = (16 // itemsize if half else 8 // itemsize, True)
+            assert host.launches == [widest if k.ctypes.data % 16 == 0 else (1, half)], kwargs
+            assert host.pairs == 1, kwargs
+    host = _HostFunctions(library)
+    got = _through_source(library, lambda: rope(q, q[:, :, :4], offset=2), host)
+    for a, b in zip(got, _generic(lambda: rope(q, q[:, :, :4], offset=2)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert (len(host.launches), host.pairs) == (2, 0)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -189,10 +225,10 @@ def test_source_moves_sixteen_bytes_where_aligned(library: Any, dtype: str, layo
     assert aligned.ctypes.data % 16 == 0
     cases = ((aligned, rope, (widest, True)), (shifted, rope, (1, half)), (aligned, narrow, (1, True)))
     for x, model, expected in cases:
-        launches: list[tuple[int, bool]] = []
-        got = _through_source(library, lambda x=x, model=model: model(x, offset=11), launches)
+        host = _HostFunctions(library)
+        got = _through_source(library, lambda x=x, model=model: model(x, offset=11), host)
         np.testing.assert_array_equal(got, _generic(lambda x=x, model=model: model(x, offset=11)))
-        assert launches == [expected], (x.ctypes.data % 16, model.rotary_dim)
+        assert host.launches == [expected], (x.ctypes.data % 16, model.rotary_dim)
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -206,10 +242,10 @@ def test_source_forms_offset_angles_as_under_capture(
     monkeypatch.setattr(_tables, "graph_capturing", lambda *_: True)
     rope = anyrope.RoPE(64, rotary_dim=48, layout=layout)
     x = RNG.standard_normal((2, 3, 7, 64)).astype(np.float16)
-    launches: list[tuple[int, bool]] = []
-    got = _through_source(library, lambda: rope(x, offset=2**40 + 3), launches)
+    host = _HostFunctions(library)
+    got = _through_source(library, lambda: rope(x, offset=2**40 + 3), host)
     np.testing.assert_array_equal(got, _generic(lambda: rope(x, offset=2**40 + 3)))
-    assert launches == [(8 if layout == "half" else 4, True)]
+    assert host.launches == [(8 if layout == "half" else 4, True)]
 
 
 def test_source_takes_what_the_registry_declares() -> None:

@@ -5,22 +5,16 @@
 
 #include "rope.cu"
 
-#define ANYROPE_NAMES                                                                                \
-    x, out, index, steps, streams, cos_table, sin_table, batch, heads, seq, trail, width, pairs,   \
-        group, start, xs0, xs1, xs2, xs3, os0, os1, os2, os3, is0, is1, is2, ts0, ts1, mode, flags
-
 namespace anyrope {
 
 // Every thread of a (grid_x, grid_y) x block launch of rotate<T, V, HALF_PAIRS, ALIGNED>, one
 // after another.
 template <typename T, int V, bool HALF_PAIRS, bool ALIGNED>
 void host_rotate(long long grid_x, long long grid_y, long long block, ANYROPE_PARAMETERS(T)) {
-    const Call call = ANYROPE_CALL;
-    for (long long g = 0; g < grid_y; ++g) {
-        for (long long thread = 0; thread < grid_x * block; ++thread) {
-            if (thread < batch * seq * (pairs / V)) {
-                rotate_thread<T, V, HALF_PAIRS, ALIGNED>(
-                    thread, g, x, out, index, steps, streams, cos_table, sin_table, call);
+    for (long long by = 0; by < grid_y; ++by) {
+        for (long long bx = 0; bx < grid_x; ++bx) {
+            for (long long tx = 0; tx < block; ++tx) {
+                rotate_at<T, V, HALF_PAIRS, ALIGNED>(bx, by, tx, block, ANYROPE_NAMES);
             }
         }
     }

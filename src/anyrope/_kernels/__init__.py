@@ -77,6 +77,7 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=False,
         differentiable=False,
         prepare=cupy_cuda.prepare,
+        prepare_pair=cupy_cuda.prepare_pair,
         **FUSED,
     ),
     Kernel(

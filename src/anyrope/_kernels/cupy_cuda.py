@@ -12,12 +12,24 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from .._angles import SPLIT_BITS
-from .._job import NEW, Job, Launch
+from .._job import NEW, Job, Launch, PairLaunch, turn_alike
 from .._kernel_angles import POSITIONS, STARTS, TABLES, KernelAngles
 from .._pairs import five_axes
 
 __all__ = [
-    "BLOCK", "NAMES", "OPTIONS", "TYPES", "KernelLaunch", "arguments", "kernel_name", "packing", "prepare",
+    "BLOCK",
+    "NAMES",
+    "OPTIONS",
+    "TYPES",
+    "KernelLaunch",
+    "arguments",
+    "kernel_name",
+    "launcher",
+    "packing",
+    "pair_launcher",
+    "pairable",
+    "prepare",
+    "prepare_pair",
     "source",
 ]  # fmt: skip
 
@@ -62,26 +74,30 @@ def _address(a: Any) -> int:
     return int(data.ptr) if hasattr(data, "ptr") else int(a.ctypes.data)
 
 
-def packing(x: Any, out: Any, pairs: int, width: int, half: bool) -> tuple[int, bool]:
+def packing(arrays: tuple[Any, ...], pairs: int, width: int, half: bool) -> tuple[int, bool]:
     """The pairs a thread rotates (rope.cu's V) and whether its packs are aligned words: the
     most pairs whose packs (V elements of each half, or 2V interleaved) fill up to 16 bytes and
-    start on their own size in C-contiguous x and out (every row, and the second half); else one
-    pair, read as one aligned word where that holds (a half-layout pack of one element always
-    does), element by element where it does not."""
-    size = x.itemsize
+    start on their own size in every one of the C-contiguous ``arrays`` (x and out, and k's:
+    every row, and the second half); else one pair, read as one aligned word where that holds
+    (a half-layout pack of one element always does), element by element where it does not."""
+    size = arrays[0].itemsize
     chosen = 16 // size if half else 8 // size  # pairs in 16 bytes
     while chosen >= 1:
         pack = chosen if half else 2 * chosen
         fits = pairs % chosen == 0 and width % pack == 0
-        if fits and _address(x) % (pack * size) == 0 and _address(out) % (pack * size) == 0:
+        if fits and all(_address(a) % (pack * size) == 0 for a in arrays):
             return chosen, True
         chosen //= 2
     return 1, half
 
 
-def arguments(job: Job, angles: KernelAngles, x: Any, out: Any) -> KernelLaunch:
-    """The launch that rotates C-contiguous ``x`` into C-contiguous ``out`` (which may be x);
-    integers as NumPy scalars of the kernel's types."""
+def arguments(
+    job: Job, angles: KernelAngles, x: Any, out: Any, y: Any = None, y_out: Any = None, y_job: Any = None
+) -> KernelLaunch:
+    """The launch that rotates C-contiguous ``x`` into C-contiguous ``out`` (which may be x), and
+    with ``y_job`` k of the same call, ``y`` into ``y_out``, in the same launch (one batch,
+    sequence, dtype, layout and direction: their head counts may differ); integers as NumPy
+    scalars of the kernel's types."""
     import numpy as np
 
     xp = job.ctx.xp
@@ -107,10 +123,16 @@ def arguments(job: Job, angles: KernelAngles, x: Any, out: Any) -> KernelLaunch:
         if not (cos.flags.c_contiguous and sin.flags.c_contiguous):
             cos, sin = _library(x).ascontiguousarray(cos), _library(x).ascontiguousarray(sin)
         table_strides = (cos.shape[-2] * pairs if angles.rows > 1 else 0, pairs)
+    second: tuple[Any, ...] = (x, out, heads, trail, *dense, *dense)  # x again where it is alone
+    if y_job is not None:
+        _, y_heads, _, y_trail, _ = five_axes(tuple(y.shape), y_job.seq_axis)
+        y_dense = (y_heads * seq * y_trail * width, seq * y_trail * width, y_trail * width, width)
+        second = (y, y_out, y_heads, y_trail, *y_dense, *y_dense)
+    per_thread, aligned = packing((x, out, *second[:2]), pairs, width, half)
+    blocks = -(-(batch * seq * (pairs // per_thread)) // BLOCK)
+    lanes = max(heads * trail, second[2] * second[3])
+    grid = (blocks * (2 if y_job is not None else 1), -(-lanes // GROUP))
     unused = x  # any array: the kernel does not read it in this mode
-    per_thread, aligned = packing(x, out, pairs, width, half)
-    groups = -(-(heads * trail) // GROUP)
-    grid = (-(-(batch * seq * (pairs // per_thread)) // BLOCK), groups)
     i64 = np.int64
     numbers = (batch, heads, seq, trail, width, pairs, GROUP, angles.start, *dense, *dense)
     args = (
@@ -118,6 +140,7 @@ def arguments(job: Job, angles: KernelAngles, x: Any, out: Any) -> KernelLaunch:
         unused if angles.streams is None else angles.streams, unused if cos is None else cos,
         unused if sin is None else sin,
         *(i64(v) for v in (*numbers, *index_strides, *table_strides)), np.int32(mode), np.int32(flags),
+        *second[:2], *(i64(v) for v in (*second[2:], blocks)),
     )  # fmt: skip
     return KernelLaunch(grid, BLOCK, kernel_name(str(x.dtype), per_thread, half, aligned), args)
 
@@ -166,24 +189,78 @@ def _function(name: str) -> Any:
     return _module.get_function(name)
 
 
+def _functions(job: Job) -> dict[str, Any]:
+    """The compiled kernels a job of this dtype and layout may launch, by name."""
+    wanted = f"<{TYPES[job.key.dtype]}, "
+    half = f", {'true' if job.layout == 'half' else 'false'}, "
+    return {name: _function(name) for name in NAMES if wanted in name and half in name}
+
+
+def _dense(library: Any, x: Any, target: Any, new: bool) -> tuple[Any, Any, Any]:
+    """x as a C-contiguous array (itself where it is one), the array to return (a new one, or
+    ``target``), and where the kernel writes (the array to return, or a C-contiguous stand-in
+    copied into it after the launch)."""
+    dense = library.ascontiguousarray(x)
+    if new:
+        target = library.empty_like(dense)
+    return dense, target, target if target.flags.c_contiguous else library.empty_like(dense)
+
+
 def prepare(job: Job) -> Launch:
-    """The launch of one job: its compiled function found once, then per call the arguments of
+    """The launch of one job: its compiled functions found once, then per call the arguments of
     the call's angles and arrays."""
     import cupy
 
+    return launcher(job, cupy, _functions(job))
+
+
+def prepare_pair(q: Job, k: Job) -> PairLaunch | None:
+    """q and k in one launch where :func:`pairable`; None (one launch each) otherwise."""
+    if not pairable(q, k):
+        return None
+    import cupy
+
+    return pair_launcher(q, k, cupy, _functions(q))
+
+
+def pairable(q: Job, k: Job) -> bool:
+    """Whether one launch turns q and k: they turn alike (:func:`turn_alike`) over sequences of
+    one length, in arrays of one rank, sequence axis and batch (k's head counts and strides are
+    its own)."""
+    same = q.seq == k.seq and q.seq_axis == k.seq_axis and len(q.shape) == len(k.shape)
+    return same and q.shape[0] == k.shape[0] and turn_alike(q, k)
+
+
+def launcher(job: Job, library: Any, functions: Any) -> Launch:
+    """``prepare``'s launch, its arrays made with ``library`` (cupy; numpy in the tests) and its
+    kernels ``functions[name](grid, block, args)``."""
     compute, new = job.compute, job.writes == NEW
-    functions = {name: _function(name) for name in NAMES if TYPES[job.key.dtype] + "," in name}
 
     def launch(x: Any, target: Any, source: Any) -> Any:
         angles = source.kernel_angles(compute)
-        source_x = cupy.ascontiguousarray(x)  # the array itself where it already is
-        if new:
-            target = cupy.empty_like(source_x)
-        out = target if target.flags.c_contiguous else cupy.empty_like(source_x)
-        grid, block, name, args = arguments(job, angles, source_x, out)
+        x, target, out = _dense(library, x, target, new)
+        grid, block, name, args = arguments(job, angles, x, out)
         functions[name](grid, (block,), args)
         if out is not target:
             target[...] = out
         return target
+
+    return launch
+
+
+def pair_launcher(q: Job, k: Job, library: Any, functions: Any) -> PairLaunch:
+    """``prepare_pair``'s launch, as :func:`launcher` makes ``prepare``'s."""
+    compute, new = q.compute, q.writes == NEW
+
+    def launch(x: Any, y: Any, x_target: Any, y_target: Any, source: Any, _: Any) -> tuple[Any, Any]:
+        angles = source.kernel_angles(compute)
+        x, x_target, x_out = _dense(library, x, x_target, new)
+        y, y_target, y_out = _dense(library, y, y_target, new)
+        grid, block, name, args = arguments(q, angles, x, x_out, y, y_out, k)
+        functions[name](grid, (block,), args)
+        for out, target in ((x_out, x_target), (y_out, y_target)):
+            if out is not target:
+                target[...] = out
+        return x_target, y_target
 
     return launch

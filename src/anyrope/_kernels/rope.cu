@@ -187,26 +187,53 @@ __host__ __device__ void rotate_thread(
     }
 }
 
-// The arguments one by one (CuPy passes scalars, not structs), gathered into a Call.
+// The arguments one by one (CuPy passes scalars, not structs), gathered into a Call: x's, then
+// y's (k of the same call: its head counts and strides; x again where x is alone), then the blocks
+// of x along the grid's first axis (y's come after them).
 #define ANYROPE_PARAMETERS(T)                                                                         \
     const T *x, T *out, const long long *index, const double *steps, const int *streams,             \
         const typename Work<T>::type *cos_table, const typename Work<T>::type *sin_table,           \
         long long batch, long long heads, long long seq, long long trail, long long width,          \
         long long pairs, long long group, long long start, long long xs0, long long xs1,            \
         long long xs2, long long xs3, long long os0, long long os1, long long os2, long long os3,   \
-        long long is0, long long is1, long long is2, long long ts0, long long ts1, int mode, int flags
+        long long is0, long long is1, long long is2, long long ts0, long long ts1, int mode, int flags, \
+        const T *y, T *y_out, long long y_heads, long long y_trail, long long ys0, long long ys1,   \
+        long long ys2, long long ys3, long long yos0, long long yos1, long long yos2, long long yos3, \
+        long long x_blocks
 
 #define ANYROPE_CALL                                                                                  \
     {batch, heads, seq, trail, width, pairs, group, start, {xs0, xs1, xs2, xs3}, {os0, os1, os2, os3}, \
      {is0, is1, is2}, {ts0, ts1}, mode, flags}
 
+// One thread of a launch, block (bx, by), thread tx of its block: of x where bx < x_blocks, else
+// of y, which differs from x in its head counts and strides alone.
+template <typename T, int V, bool HALF_PAIRS, bool ALIGNED>
+__host__ __device__ void rotate_at(long long bx, long long by, long long tx, long long threads,
+                                   ANYROPE_PARAMETERS(T)) {
+    Call call = ANYROPE_CALL;
+    const bool second = bx >= x_blocks;
+    if (second) {
+        call.heads = y_heads;
+        call.trail = y_trail;
+        call.xs[0] = ys0, call.xs[1] = ys1, call.xs[2] = ys2, call.xs[3] = ys3;
+        call.os[0] = yos0, call.os[1] = yos1, call.os[2] = yos2, call.os[3] = yos3;
+    }
+    if (by * call.group >= call.heads * call.trail) return;  // this array has fewer groups of heads
+    const long long thread = (bx - (second ? x_blocks : 0)) * threads + tx;
+    if (thread < batch * seq * (pairs / V)) {
+        rotate_thread<T, V, HALF_PAIRS, ALIGNED>(thread, by, second ? y : x, second ? y_out : out, index, steps,
+                                                 streams, cos_table, sin_table, call);
+    }
+}
+
+#define ANYROPE_NAMES                                                                                 \
+    x, out, index, steps, streams, cos_table, sin_table, batch, heads, seq, trail, width, pairs,    \
+        group, start, xs0, xs1, xs2, xs3, os0, os1, os2, os3, is0, is1, is2, ts0, ts1, mode, flags,  \
+        y, y_out, y_heads, y_trail, ys0, ys1, ys2, ys3, yos0, yos1, yos2, yos3, x_blocks
+
 template <typename T, int V, bool HALF_PAIRS, bool ALIGNED>
 __global__ void rotate(ANYROPE_PARAMETERS(T)) {
-    const Call call = ANYROPE_CALL;
-    const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (thread < batch * seq * (pairs / V)) {
-        rotate_thread<T, V, HALF_PAIRS, ALIGNED>(thread, blockIdx.y, x, out, index, steps, streams, cos_table, sin_table, call);
-    }
+    rotate_at<T, V, HALF_PAIRS, ALIGNED>(blockIdx.x, blockIdx.y, threadIdx.x, blockDim.x, ANYROPE_NAMES);
 }
 
 }  // namespace anyrope
