@@ -14,6 +14,8 @@ from ._grid import grid_positions
 from ._job import Kernel
 from ._layout import LAYOUTS, permute_qk_weight, to_layout
 from ._packed import packed_positions
+from ._prologue import Prologue, prologue
+from ._qknorm import QKNorm
 from ._registry import kernels, use_fast_paths
 from ._rerotate import rerotate
 from ._rope import RoPE
@@ -23,6 +25,8 @@ from ._version import __version__
 __all__ = [
     "LAYOUTS",
     "Kernel",
+    "Prologue",
+    "QKNorm",
     "RoPE",
     "TableCache",
     "__version__",
@@ -32,6 +36,7 @@ __all__ = [
     "kernels",
     "packed_positions",
     "permute_qk_weight",
+    "prologue",
     "reference",
     "rerotate",
     "scaling",

@@ -32,6 +32,7 @@ __all__ = [
     "is_writeable",
     "library_name",
     "materialize",
+    "rsqrt",
     "take_rows",
 ]
 
@@ -370,6 +371,20 @@ def materialize(xp: Any, *arrays: Any) -> None:
     and one graph evaluated from several threads at once gives wrong values)."""
     if isinstance(xp, MLXNamespace):
         xp.eval(*arrays)
+
+
+def rsqrt(xp: Any, x: Any) -> Any:
+    """``1 / sqrt(x)`` by the library's own reciprocal square root where it has one (torch,
+    JAX's ``lax``, MLX), as the models written for it call it: torch's differs from
+    ``1 / sqrt`` in the last bit on a CPU. Elsewhere the standard's two operations."""
+    name = library_name(xp)
+    if name in ("torch", "mlx"):
+        return xp.rsqrt(x)
+    if name == "jax.numpy":
+        from jax import lax  # imports jax: the array came from it
+
+        return lax.rsqrt(x)
+    return 1 / xp.sqrt(x)
 
 
 def take_rows(xp: Any, table: Any, indices: Any) -> Any:

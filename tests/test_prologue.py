@@ -1,0 +1,179 @@
+"""anyrope.QKNorm and anyrope.prologue on every backend: the norm against a float64 NumPy oracle,
+the prologue against its two steps bit for bit (eagerly and compiled), and bad input named.
+Against the models' own norm modules: tests/peers/test_prologue_peers.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import anyrope
+
+from harness import Backend, assert_close, assert_same
+
+# How families normalise q and k: the weight's shape ("head": (head_dim,), "heads": one per
+# head, "token": across every head of a token), the rounding and the weight's offset.
+FAMILIES = {
+    "qwen3": ("head", "before_weight", 0.0),
+    "gemma3": ("head", "after_weight", 1.0),
+    "olmo2": ("token", "after_weight", 0.0),
+    "per-head": ("heads", "before_weight", 0.5),
+}
+HEADS, KV_HEADS, SEQ, HEAD_DIM = 4, 2, 5, 16
+RNG = np.random.default_rng(11)
+
+
+def _shape(heads: int, seq_axis: int) -> tuple[int, ...]:
+    return (2, heads, SEQ, HEAD_DIM) if seq_axis == -2 else (2, SEQ, heads, HEAD_DIM)
+
+
+def _weights(kind: str, heads: int) -> np.ndarray:
+    shape = {"head": (HEAD_DIM,), "heads": (heads, HEAD_DIM), "token": (heads * HEAD_DIM,)}[kind]
+    return 1.0 + 0.25 * RNG.standard_normal(shape)
+
+
+def _norm(backend: Backend, family: str, dtype: str) -> tuple[anyrope.QKNorm, np.ndarray, np.ndarray]:
+    kind, rounding, offset = FAMILIES[family]
+    q_w, k_w = _weights(kind, HEADS), _weights(kind, KV_HEADS)
+    norm = anyrope.QKNorm(
+        backend.asarray(q_w, dtype), backend.asarray(k_w, dtype), eps=1e-5, offset=offset,
+        across_heads=kind == "token", rounding=rounding,
+    )  # fmt: skip
+    return norm, q_w, k_w
+
+
+def oracle(
+    x: np.ndarray, weight: np.ndarray, seq_axis: int, *, eps: float, offset: float, across: bool
+) -> np.ndarray:
+    """The RMS norm in float64: x / sqrt(mean(x^2) + eps) * (weight + offset), the mean over a
+    head's features, or over every head's of a token (``across``)."""
+    x = x.astype(np.float64)
+    head_axis = -3 if seq_axis == -2 else -2
+    squares = np.mean(x * x, axis=(head_axis, -1) if across else -1, keepdims=True)
+    w = np.asarray(weight, dtype=np.float64) + offset
+    if w.ndim == 2 or across:
+        w = w.reshape((x.shape[head_axis], *(1,) * (-head_axis - 2), HEAD_DIM))
+    return x / np.sqrt(squares + eps) * w
+
+
+@pytest.mark.parametrize("seq_axis", [-2, -3])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_qk_norm_matches_the_oracle(backend: Backend, dtype: str, family: str, seq_axis: int) -> None:
+    kind, _, offset = FAMILIES[family]
+    norm, q_w, k_w = _norm(backend, family, dtype)
+    for heads, weight, step in ((HEADS, q_w, norm.q), (KV_HEADS, k_w, norm.k)):
+        data = 3.0 * RNG.standard_normal(_shape(heads, seq_axis))
+        x = backend.asarray(data, dtype)
+        got = step(x, seq_axis=seq_axis)
+        assert got.dtype == x.dtype
+        rounded_weight = backend.to_numpy(backend.asarray(weight, dtype))
+        want = oracle(
+            backend.to_numpy(x), rounded_weight, seq_axis, eps=1e-5, offset=offset, across=kind == "token"
+        )
+        assert_close(backend, got, want, dtype)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_prologue_is_its_two_steps(backend: Backend, dtype: str, layout: str, family: str) -> None:
+    """prologue(q, k, v) equals rope(norm.q(q), norm.k(k)) bit for bit and hands v back; with
+    per-row positions and an int offset, partial rotary."""
+    _compare(backend, dtype, layout, family, "eager")
+
+
+@pytest.mark.dtypes("float32", "bfloat16")
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("family", ["qwen3", "olmo2"])  # each rounding, per head and per token
+def test_compiled_prologue_is_its_two_steps(
+    backend: Backend, dtype: str, layout: str, family: str, mode: str
+) -> None:
+    """Compiled, the prologue and its two steps are one graph (the same code, bit for bit), and
+    within the dtype's rounding of the eager steps (a compiler sums the squares in an order of
+    its own)."""
+    _compare(backend, dtype, layout, family, mode)
+
+
+def _compare(backend: Backend, dtype: str, layout: str, family: str, mode: str) -> None:
+    norm, _, _ = _norm(backend, family, dtype)
+    rope = anyrope.RoPE(HEAD_DIM, rotary_dim=12, layout=layout)
+    q = backend.asarray(RNG.standard_normal(_shape(HEADS, -2)), dtype)
+    k = backend.asarray(RNG.standard_normal(_shape(KV_HEADS, -2)), dtype)
+    v = backend.asarray(RNG.standard_normal(_shape(KV_HEADS, -2)), dtype)
+    positions = backend.asarray(np.array([[3, 4, 5, 6, 7], [90, 91, 92, 93, 94]]))
+    # compiled: device positions, the traced form (int offsets are the rotation's own tests')
+    forms = ({"positions": positions}, {"offset": 7}) if mode == "eager" else ({"positions": positions},)
+    for where in forms:
+
+        def fused(q: Any, k: Any, v: Any, where: dict[str, Any] = where) -> Any:
+            return tuple(anyrope.prologue(q, k, v, rope=rope, norm=norm, **where))
+
+        def steps(q: Any, k: Any, where: dict[str, Any] = where) -> Any:
+            return rope(norm.q(q), norm.k(k), **where)
+
+        got_q, got_k, got_v, cache = backend.compile(fused, mode)(q, k, v)
+        want_q, want_k = backend.compile(steps, mode)(q, k)
+        assert cache is None
+        assert_same(backend, got_q, want_q, dtype)
+        assert_same(backend, got_k, want_k, dtype)
+        np.testing.assert_array_equal(backend.to_numpy(got_v), backend.to_numpy(v))
+        if mode != "eager":
+            for got, want in zip((got_q, got_k), steps(q, k), strict=True):
+                assert_close(backend, got, backend.to_numpy(want), dtype)
+
+
+def test_prologue_without_norm_or_k(backend: Backend) -> None:
+    """No norm: the rotation alone; q alone: k and v None."""
+    rope = anyrope.RoPE(HEAD_DIM)
+    q = backend.asarray(RNG.standard_normal(_shape(HEADS, -3)), "float32")
+    out = anyrope.prologue(q, rope=rope, offset=4, seq_axis=-3)
+    assert (out.k, out.v, out.cache) == (None, None, None)
+    assert_same(backend, out.q, rope(q, offset=4, seq_axis=-3), "float32")
+
+
+def test_prologue_names_bad_input() -> None:
+    rope = anyrope.RoPE(HEAD_DIM)
+    ones = np.ones(HEAD_DIM, np.float32)
+    norm = anyrope.QKNorm(ones, ones)
+    q = np.zeros(_shape(HEADS, -2), np.float32)
+    k = np.zeros(_shape(KV_HEADS, -2), np.float32)
+    with pytest.raises(TypeError, match=r"rope must be an anyrope\.RoPE, not dict"):
+        anyrope.prologue(q, rope={})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"norm must be an anyrope\.QKNorm or None, not function"):
+        anyrope.prologue(q, rope=rope, norm=lambda x: x)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="v was given without k"):
+        anyrope.prologue(q, v=k, rope=rope)
+    with pytest.raises(ValueError, match=r"v has shape \(2, 4, 5, 16\) but k has \(2, 2, 5, 16\)"):
+        anyrope.prologue(q, k, q, rope=rope)
+    with pytest.raises(ValueError, match=r"k_weight has shape \(16,\), but k of shape \(2, 2, 5, 8\)"):
+        anyrope.prologue(q, k[..., :8], rope=rope, norm=norm)
+    per_head = anyrope.QKNorm(np.ones((HEADS, HEAD_DIM), np.float32), np.ones((3, HEAD_DIM), np.float32))
+    with pytest.raises(ValueError, match=r"k_weight has shape \(3, 16\), but k .* needs \(2, 16\)"):
+        anyrope.prologue(q, k, rope=rope, norm=per_head)
+    with pytest.raises(ValueError, match="has no head axis a QKNorm can find"):
+        per_head.q(np.zeros((SEQ, HEAD_DIM), np.float32))
+
+
+def test_qk_norm_names_bad_arguments() -> None:
+    ones = np.ones(HEAD_DIM, np.float32)
+    with pytest.raises(ValueError, match=r"q_weight must have shape \(head_dim,\) or \(heads, head_dim\)"):
+        anyrope.QKNorm(np.ones((1, 2, 3)), ones)
+    with pytest.raises(ValueError, match=r"k_weight must have shape \(heads \* head_dim,\)"):
+        anyrope.QKNorm(ones, np.ones((2, HEAD_DIM)), across_heads=True)
+    with pytest.raises(ValueError, match="eps=0 must be a positive finite number"):
+        anyrope.QKNorm(ones, ones, eps=0)
+    with pytest.raises(ValueError, match="rounding='late' must be one of 'before_weight', 'after_weight'"):
+        anyrope.QKNorm(ones, ones, rounding="late")
+    with pytest.raises(TypeError, match="across_heads"):
+        anyrope.QKNorm(ones, ones, across_heads=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="q_weight"):
+        anyrope.QKNorm([1.0] * HEAD_DIM, ones)
+    norm = anyrope.QKNorm(ones, ones)
+    assert repr(norm) == (
+        "QKNorm(q_weight (16,), k_weight (16,), eps=1e-06, offset=0.0, across_heads=False, "
+        "rounding='before_weight')"
+    )
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="q is a torch array but q_weight is a numpy array"):
+        norm.q(torch.zeros(_shape(HEADS, -2)))
