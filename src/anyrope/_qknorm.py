@@ -78,6 +78,34 @@ class QKNorm:
             raise ValueError(f"rounding={shown(rounding)} must be one of {', '.join(map(repr, ROUNDINGS))}")
         self.rounding = rounding
 
+    @classmethod
+    def from_modules(cls, q_norm: Any, k_norm: Any, *, head_dim: int) -> QKNorm:
+        """The QKNorm that a model's own ``q_norm`` and ``k_norm`` compute: torch modules (the
+        RMS norms of transformers' models, whatever their class), holding ``weight`` and
+        ``variance_epsilon`` or ``eps``.
+
+        Where the weight meets the normalised features, and whether it is offset by one, is
+        found by running each module on probes (in its weight's dtype and in float32, on its
+        device) and keeping the form whose results equal the module's bit for bit; a weight of more than
+        ``head_dim`` entries is one norm across a token's heads (OLMo 2). A module that
+        computes none of these forms is refused, with its class named.
+        """
+        import torch  # the modules are torch's
+
+        from ._args import check_int
+
+        head_dim = check_int(head_dim, "head_dim", low=1)
+        found = [
+            _read_module(torch, module, arg, head_dim)
+            for arg, module in (("q_norm", q_norm), ("k_norm", k_norm))
+        ]
+        (q_weight, eps, across, rounding, offset), (k_weight, *k_form) = found
+        if k_form != [eps, across, rounding, offset]:
+            raise ValueError(
+                f"q_norm and k_norm compute different norms ({found[0][1:]} and {tuple(k_form)}); build a QKNorm yourself"
+            )
+        return cls(q_weight, k_weight, eps=eps, offset=offset, across_heads=across, rounding=rounding)
+
     def __repr__(self) -> str:
         shapes = f"q_weight {tuple(self.q_weight.shape)}, k_weight {tuple(self.k_weight.shape)}"
         flags = f"eps={self.eps!r}, offset={self.offset!r}, across_heads={self.across_heads}"
@@ -149,3 +177,49 @@ def _token_mean(xp: Any, squares: Any, head_axis: int) -> Any:
     if head_axis == -3:
         return xp.reshape(mean, (*shape[:-3], 1, shape[-2], 1))
     return xp.reshape(mean, (*shape[:-2], 1, 1))
+
+
+def _read_module(torch: Any, module: Any, arg: str, head_dim: int) -> tuple[Any, float, bool, str, float]:
+    """(weight, eps, across_heads, rounding, offset) of one torch norm module, its form found by
+    running it on probes (see :meth:`QKNorm.from_modules`)."""
+    kind = type(module).__name__
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not isinstance(weight, torch.Tensor) or eps is None or not callable(module):
+        raise TypeError(f"{arg} ({kind}) is not an RMS norm module with a weight and an eps")
+    weight = weight.detach()
+    size = weight.numel()
+    if weight.ndim != 1 or size % head_dim:
+        raise ValueError(
+            f"{arg} ({kind}) has a weight of shape {tuple(weight.shape)}, not of head_dim={head_dim} or a multiple"
+        )
+    across = size != head_dim
+    generator = torch.Generator().manual_seed(0)
+    forms = [(rounding, offset) for rounding in ROUNDINGS for offset in (0.0, 1.0)]
+    # the module's own dtype tells where it rounds; float32 whether the weight is offset
+    for dtype in dict.fromkeys((weight.dtype, torch.float32)):
+        x = (torch.randn(2, 3, size, generator=generator) * 3).to(dtype=dtype, device=weight.device)
+        with torch.no_grad():
+            want = module(x)
+        heads = x.reshape(2, 3, size // head_dim, head_dim)
+        forms = [
+            (rounding, offset)
+            for rounding, offset in forms
+            if _same(
+                QKNorm(weight, weight, eps=float(eps), offset=offset, across_heads=across, rounding=rounding)
+                .q(heads, seq_axis=-3)
+                .reshape(want.shape),
+                want,
+            )
+        ]
+    if not forms:
+        raise ValueError(
+            f"{arg} ({kind}) computes none of the RMS norms a QKNorm takes (the weight after or "
+            "before rounding, offset by 0 or 1, by the library's rsqrt); build a QKNorm yourself"
+        )
+    rounding, offset = forms[0]
+    return weight, float(eps), across, rounding, offset
+
+
+def _same(got: Any, want: Any) -> bool:
+    return bool(got.dtype == want.dtype and got.shape == want.shape and (got == want).all())

@@ -77,3 +77,36 @@ def test_prologue_is_qwen3s_order_of_steps(dtype: str) -> None:
     assert got.dtype == want.dtype
     tolerance = {"float32": 2e-3, "bfloat16": 4e-2}[dtype]  # float32 angles at position ~1000
     torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "olmo2"])
+def test_qk_norm_reads_the_models_modules(family: str, dtype: str) -> None:
+    """QKNorm.from_modules finds each family's form by running its modules, and then computes
+    what they compute, bit for bit."""
+    torch_dtype = getattr(torch, dtype)
+    module, built = _module(family, torch_dtype)
+    norm = anyrope.QKNorm.from_modules(module, module, head_dim=HEAD_DIM)
+    assert (norm.eps, norm.across_heads) == (EPS, family == "olmo2")
+    if dtype == "bfloat16":  # in float32 both roundings are one form
+        assert (norm.rounding, norm.offset) == (built.rounding, built.offset)
+    x = (torch.randn(3, SEQ, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(8)) * 2).to(torch_dtype)
+    with torch.no_grad():
+        want = module(x.reshape(3, SEQ, -1)).reshape(x.shape) if family == "olmo2" else module(x)
+    torch.testing.assert_close(norm.q(x, seq_axis=-3), want, rtol=0, atol=0)
+
+
+def test_qk_norm_refuses_modules_it_cannot_read() -> None:
+    qwen, _ = _module("qwen3", torch.bfloat16)
+    gemma, _ = _module("gemma3", torch.bfloat16)
+    layer_norm = torch.nn.LayerNorm(HEAD_DIM)
+    with pytest.raises(ValueError, match=r"q_norm \(LayerNorm\) computes none of the RMS norms"):
+        anyrope.QKNorm.from_modules(layer_norm, layer_norm, head_dim=HEAD_DIM)
+    with pytest.raises(TypeError, match=r"k_norm \(Linear\) is not an RMS norm module"):
+        anyrope.QKNorm.from_modules(qwen, torch.nn.Linear(2, 2), head_dim=HEAD_DIM)
+    with pytest.raises(ValueError, match="q_norm and k_norm compute different norms"):
+        anyrope.QKNorm.from_modules(qwen, gemma, head_dim=HEAD_DIM)
+    with pytest.raises(
+        ValueError, match=r"q_norm \(Qwen3RMSNorm\) has a weight of shape \(64,\), not of head_dim=48"
+    ):
+        anyrope.QKNorm.from_modules(qwen, qwen, head_dim=48)
