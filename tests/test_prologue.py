@@ -177,3 +177,128 @@ def test_qk_norm_names_bad_arguments() -> None:
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="q is a torch array but q_weight is a numpy array"):
         norm.q(torch.zeros(_shape(HEADS, -2)))
+
+
+# The KV cache: the layouts' shapes (batch 2, KV_HEADS heads, 12 rows or 6 pages of 4 slots),
+# and each token's place: rows, or flat slots of a paged cache, -1 skipped.
+CACHES = {
+    "bhsd": (2, KV_HEADS, 12, HEAD_DIM),
+    "bshd": (2, 12, KV_HEADS, HEAD_DIM),
+    "paged_nhd": (6, 4, KV_HEADS, HEAD_DIM),
+    "paged_hnd": (6, KV_HEADS, 4, HEAD_DIM),
+}
+PLACES = {"rows": [[2, -1, 4, 5, 11], [0, 1, -1, -1, 3]], "slots": [[0, 23, -1, 7, 8], [-1, 4, 5, 6, 1]]}
+CANARY = 7.0
+WRITERS = ("numpy", "cupy", "torch", "mlx", "jax")
+
+
+def _expected_cache(layout: str, k: np.ndarray, places: np.ndarray, dim: int) -> np.ndarray:
+    """The canary cache with each token's k (batch, heads, seq, dim) written at its place."""
+    out = np.full((*CACHES[layout][:-1], dim), CANARY)
+    for b in range(k.shape[0]):
+        for t in range(k.shape[2]):
+            p = int(places[b, t])
+            if p < 0:
+                continue
+            for h in range(k.shape[1]):
+                where = {
+                    "bhsd": (b, h, p), "bshd": (b, p, h), "paged_nhd": (p // 4, p % 4, h), "paged_hnd": (p // 4, h, p % 4),
+                }[layout]  # fmt: skip
+                out[where] = k[b, h, t]
+    return out
+
+
+@pytest.mark.parametrize("given", ["positions", "cache_index", "nothing written"])
+@pytest.mark.parametrize("layout", list(CACHES))
+def test_prologue_writes_the_cache(backend: Backend, mode: str, layout: str, given: str) -> None:
+    """Every token's rotated k and its v land at its place (its position, or cache_index; paged
+    caches by slot), and every other slot keeps the canary, skipped tokens' included; in place
+    where the library writes in place (eagerly), into a new cache for JAX; compiled as eagerly."""
+    if backend.name not in WRITERS:
+        pytest.skip(f"{backend.name} arrays are not written by index (test_cache_names_bad_input)")
+    paged = layout.startswith("paged")
+    if given == "positions" and paged:
+        pytest.skip("a paged cache is addressed by cache_index")
+    rope = anyrope.RoPE(HEAD_DIM, rotary_dim=12)
+    dtype = "float32"
+    q = backend.asarray(RNG.standard_normal(_shape(HEADS, -2)), dtype)
+    k = backend.asarray(RNG.standard_normal(_shape(KV_HEADS, -2)), dtype)
+    v = backend.asarray(RNG.standard_normal((2, KV_HEADS, SEQ, 6)), dtype)
+    positions = np.array([[3, 4, 5, 6, 7], [6, 7, 8, 9, 10]])
+    places = {
+        "positions": positions, "cache_index": np.array(PLACES["slots" if paged else "rows"]),
+        "nothing written": np.full((2, SEQ), -1),
+    }[given]  # fmt: skip
+    index = None if given == "positions" else backend.asarray(places)
+    k_cache = backend.asarray(np.full(CACHES[layout], CANARY), dtype)
+    v_cache = backend.asarray(np.full((*CACHES[layout][:-1], 6), CANARY), dtype)
+
+    def call(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, index: Any, positions: Any) -> Any:
+        cache = anyrope.KVCache(k_cache, v_cache, layout=layout)
+        out = anyrope.prologue(q, k, v, rope=rope, positions=positions, cache=cache, cache_index=index)
+        return out.k, out.cache.k, out.cache.v
+
+    called = backend.compile(call, mode)
+    got_k, stored_k, stored_v = called(q, k, v, k_cache, v_cache, index, backend.asarray(positions))
+    assert_same(
+        backend, got_k, rope(k, positions=backend.asarray(positions)), dtype, compiled=mode != "eager"
+    )
+    np.testing.assert_array_equal(
+        backend.to_numpy(stored_k), _expected_cache(layout, backend.to_numpy(got_k), places, HEAD_DIM)
+    )
+    np.testing.assert_array_equal(
+        backend.to_numpy(stored_v), _expected_cache(layout, backend.to_numpy(v), places, 6)
+    )
+    if mode == "eager" and backend.name != "jax":  # written in place: the caller's arrays
+        np.testing.assert_array_equal(backend.to_numpy(k_cache), backend.to_numpy(stored_k))
+
+
+def test_cache_names_bad_input(backend: Backend) -> None:
+    """Each mistake is named before anything is written: the canary cache stays as it was."""
+    if backend.name not in WRITERS:
+        with pytest.raises(TypeError, match="a KVCache is written by index"):
+            anyrope.KVCache(backend.asarray(np.zeros((1, 1, 1, 2))), backend.asarray(np.zeros((1, 1, 1, 2))))
+        return
+    rope = anyrope.RoPE(HEAD_DIM)
+    k = backend.asarray(np.ones(_shape(KV_HEADS, -2)), "float32")
+    k_cache = backend.asarray(np.full(CACHES["bhsd"], CANARY), "float32")
+    cache = anyrope.KVCache(k_cache, backend.asarray(np.full(CACHES["bhsd"], CANARY), "float32"))
+    paged = anyrope.KVCache(
+        backend.asarray(np.full(CACHES["paged_nhd"], CANARY), "float32"),
+        backend.asarray(np.full(CACHES["paged_nhd"], CANARY), "float32"),
+        layout="paged_nhd",
+    )
+    cases = [
+        ({"cache": cache}, ValueError, "cache= writes k and v: pass both"),
+        ({"cache": paged, "v": k}, ValueError, "a paged cache needs cache_index"),
+        ({"cache_index": [0] * SEQ, "v": k}, ValueError, "cache_index was given without a cache"),
+        ({"cache": cache, "v": k, "offset": 9}, ValueError, r"offset reaches 13, past the cache's 12 rows"),
+        (
+            {"cache": paged, "v": k, "cache_index": [[0, 1, 2, 3, 24]] * 2},
+            ValueError,
+            "past the cache's 24 slots",
+        ),
+        ({"cache": paged, "v": k, "cache_index": [0, 1, 2, 3, 4]}, ValueError, "would send every row of k"),
+        (
+            {"cache": cache, "v": k, "cache_index": [1, 2]},
+            ValueError,
+            r"cache_index of shape \(1, 2\) names no place",
+        ),
+        ({"cache": {}, "v": k}, TypeError, "cache must be an anyrope.KVCache or None, not dict"),
+    ]
+    if not backend.host_values:
+        cases = [c for c in cases if "past the cache" not in c[2]]  # nothing reads them there
+    for extra, error, message in cases:
+        with pytest.raises(error, match=message):
+            anyrope.prologue(k, k, rope=rope, **extra)
+    other = backend.asarray(np.ones((2, 3, SEQ, HEAD_DIM)), "float32")
+    with pytest.raises(ValueError, match=r"cannot hold k of shape \(2, 3, 5, 16\): 3 heads of 16 features"):
+        anyrope.prologue(other, other, other, rope=rope, cache=cache)
+    if "float64" in backend.dtypes:
+        wide = backend.asarray(np.ones(_shape(KV_HEADS, -2)), "float64")
+        with pytest.raises(TypeError, match=r"the cache's k is .*float32 but k is .*float64"):
+            anyrope.prologue(wide, wide, wide, rope=rope, cache=cache)
+    mrope = anyrope.RoPE(HEAD_DIM, mrope_section=[2, 3, 3])
+    with pytest.raises(ValueError, match=r"several position streams .* pass cache_index"):
+        anyrope.prologue(k, k, k, rope=mrope, cache=cache)
+    np.testing.assert_array_equal(backend.to_numpy(k_cache), np.full(CACHES["bhsd"], CANARY))

@@ -12,6 +12,7 @@ from ._cache import TableCache, table_cache
 from ._call import apply
 from ._grid import grid_positions
 from ._job import Kernel
+from ._kvcache import KVCache
 from ._layout import LAYOUTS, permute_qk_weight, to_layout
 from ._packed import packed_positions
 from ._prologue import Prologue, prologue
@@ -24,6 +25,7 @@ from ._version import __version__
 
 __all__ = [
     "LAYOUTS",
+    "KVCache",
     "Kernel",
     "Prologue",
     "QKNorm",

@@ -1,0 +1,247 @@
+"""The KV cache the attention prologue writes k and v into: contiguous per batch row, or paged.
+
+Each token's k and v go to one place: its row (contiguous caches, by default the token's
+position) or its flat slot (paged caches: ``page * page_size + offset``), a negative one
+meaning "skip" (padding). The write is one scatter per cache, indexed by three broadcast
+integer arrays (batch row or page, head, row or offset) so that every library takes it alike:
+NumPy, CuPy, PyTorch and MLX write in place, JAX returns new arrays. Skipped tokens are written
+too, where no value reads can tell them apart on the host: each is sent to the place of the
+call's first written token with that token's values (or, if none is written, to the first
+place with the values already there), so the scatter holds only identical duplicates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._args import shown
+from ._compat import (
+    check_same_device,
+    device_of,
+    environment,
+    host_array,
+    is_traced,
+    library_name,
+    namespace_and_library,
+)
+from ._dtypes import isdtype
+
+__all__ = ["LAYOUTS", "KVCache", "write"]
+
+#: The cache layouts: (batch, heads, rows, dim), (batch, rows, heads, dim), and paged ones,
+#: (pages, page_size, heads, dim) and (pages, heads, page_size, dim), addressed by a flat slot.
+LAYOUTS = ("bhsd", "bshd", "paged_nhd", "paged_hnd")
+_HEAD_AXIS = {"bhsd": 1, "bshd": 2, "paged_nhd": 2, "paged_hnd": 1}
+_WRITERS = ("numpy", "cupy", "torch", "mlx", "jax.numpy")  # the libraries that write by index
+
+
+class KVCache:
+    """The key and value caches of one attention layer, which :func:`anyrope.prologue` writes
+    each token's rotated k and its v into.
+
+    Parameters
+    ----------
+    k, v : array
+        The caches, of one library, in k's and v's dtypes (v's last axis may differ from k's);
+        strided views are written in place where the library writes in place.
+    layout : {"bhsd", "bshd", "paged_nhd", "paged_hnd"}
+        ``(batch, heads, rows, dim)`` and ``(batch, rows, heads, dim)``: a token of batch row
+        b goes to row r of b (by default its position); ``(pages, page_size, heads, dim)`` and
+        ``(pages, heads, page_size, dim)``: a token goes to its flat slot
+        ``page * page_size + offset`` (``cache_index``).
+    """
+
+    def __init__(self, k: Any, v: Any, *, layout: str = "bhsd") -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout={shown(layout)} must be one of {', '.join(map(repr, LAYOUTS))}")
+        xp, library = namespace_and_library(("cache.k", k), ("cache.v", v))
+        if library not in _WRITERS:
+            raise TypeError(
+                f"a KVCache is written by index, which {library} arrays do not take (the array API "
+                f"standard leaves index assignment out); use {', '.join(_WRITERS[:-1])} or JAX arrays"
+            )
+        for arg, cache in (("k", k), ("v", v)):
+            if len(cache.shape) != 4:
+                raise ValueError(
+                    f"the cache's {arg} must have 4 axes ({_axes(layout)}), not shape {tuple(cache.shape)}"
+                )
+        if tuple(k.shape[:3]) != tuple(v.shape[:3]):
+            raise ValueError(
+                f"the cache's k has shape {tuple(k.shape)} and v {tuple(v.shape)}: they must agree but "
+                "for their last axis"
+            )
+        check_same_device(xp, device_of(xp, k), "cache.k", **{"cache.v": v})
+        self.k, self.v, self.layout = k, v, layout
+
+    def __repr__(self) -> str:
+        return f"KVCache(k {tuple(self.k.shape)}, v {tuple(self.v.shape)}, layout={self.layout!r})"
+
+    @property
+    def paged(self) -> bool:
+        return self.layout.startswith("paged")
+
+    @property
+    def heads(self) -> int:
+        return int(self.k.shape[_HEAD_AXIS[self.layout]])
+
+    @property
+    def places(self) -> int:
+        """Rows per batch row (contiguous), or slots (paged)."""
+        shape = self.k.shape
+        if self.layout == "bhsd":
+            return int(shape[2])
+        if self.layout == "bshd":
+            return int(shape[1])
+        return int(shape[0]) * int(shape[1 if self.layout == "paged_nhd" else 2])
+
+
+def _axes(layout: str) -> str:
+    return {
+        "bhsd": "batch, heads, rows, dim", "bshd": "batch, rows, heads, dim",
+        "paged_nhd": "pages, page_size, heads, dim", "paged_hnd": "pages, heads, page_size, dim",
+    }[layout]  # fmt: skip
+
+
+def check(cache: KVCache, k: Any, v: Any, seq_axis: int) -> None:
+    """The cache takes this call's k and v: one library, device and dtypes, k's heads and dims,
+    contiguous caches k's batch; before anything is computed."""
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be an anyrope.KVCache or None, not {type(cache).__name__}")
+    if k is None or v is None:
+        raise ValueError("cache= writes k and v: pass both")
+    xp, _ = namespace_and_library(("k", k), ("v", v), ("cache.k", cache.k), ("cache.v", cache.v))
+    check_same_device(xp, device_of(xp, k), "k", **{"cache.k": cache.k, "cache.v": cache.v})
+    if len(k.shape) != 4 or seq_axis not in (-2, -3):
+        raise ValueError(
+            f"cache= takes k and v as (batch, heads, seq, head_dim) with seq_axis=-2 or (batch, seq, "
+            f"heads, head_dim) with seq_axis=-3, not k of shape {tuple(k.shape)} with seq_axis={seq_axis}"
+        )
+    heads = k.shape[1 if seq_axis == -2 else 2]
+    for arg, x, stored in (("k", k, cache.k), ("v", v, cache.v)):
+        if stored.dtype != x.dtype:
+            raise TypeError(
+                f"the cache's {arg} is {stored.dtype} but {arg} is {x.dtype}: pass a cache of {arg}'s dtype"
+            )
+        if stored.shape[-1] != x.shape[-1] or cache.heads != heads:
+            raise ValueError(
+                f"the cache's {arg} of shape {tuple(stored.shape)} ({_axes(cache.layout)}) cannot hold {arg} "
+                f"of shape {tuple(x.shape)}: {heads} heads of {x.shape[-1]} features"
+            )
+    if not cache.paged and cache.k.shape[0] != k.shape[0]:
+        raise ValueError(
+            f"the cache's batch of {cache.k.shape[0]} rows differs from k's {k.shape[0]}: a contiguous "
+            "cache holds one row of its batch per row of k"
+        )
+
+
+def places(
+    cache: KVCache,
+    xp: Any,
+    k: Any,
+    seq_axis: int,
+    cache_index: Any,
+    positions: Any,
+    offset: Any,
+    multi_axis: bool,
+) -> tuple[Any, str]:
+    """Each token's place, shape (batch or 1, seq), a device array of k's library, and the
+    argument it came from: ``cache_index``; for a contiguous cache by default the positions
+    (``offset + arange(seq)`` where only an offset is given). Checked against the cache's size
+    where the values are on the host."""
+    batch, seq = k.shape[0], k.shape[-2 if seq_axis == -2 else -3]
+    device = device_of(xp, k)
+    if cache_index is not None:
+        found, arg = _integers(xp, k, cache_index, device, "cache_index"), "cache_index"
+    elif cache.paged:
+        raise ValueError("a paged cache needs cache_index: each token's flat slot, page * page_size + offset")
+    elif multi_axis:
+        raise ValueError(
+            "a rope with several position streams (M-RoPE, axial) has no cache row per position: pass "
+            "cache_index, each token's row"
+        )
+    elif positions is not None:
+        found, arg = _integers(xp, k, positions, device, "positions"), "positions"
+    else:
+        start = offset if isinstance(offset, int) else _integers(xp, k, offset, device, "offset")
+        steps = xp.arange(seq, dtype=_index_dtype(xp, device), device=device)
+        found = steps[None, :] + (start if isinstance(start, int) else xp.reshape(start, (-1, 1)))
+        arg = "offset"
+    if len(found.shape) == 1:
+        found = found[None, :]
+    if len(found.shape) != 2 or found.shape[-1] != seq or found.shape[0] not in (1, batch):
+        raise ValueError(
+            f"{arg} of shape {tuple(found.shape)} names no place per token: k has {batch} rows of {seq} "
+            f"tokens, so give (seq,) or (batch, seq)"
+        )
+    if cache.paged and found.shape[0] != batch and batch != 1:
+        raise ValueError(
+            f"cache_index of shape {tuple(found.shape)} would send every row of k to the same slots: give (batch, seq)"
+        )
+    host = host_array(xp, found, is_traced(xp, found))
+    if host is not None and host.size and int(host.max()) >= cache.places:
+        where = "slots" if cache.paged else "rows"
+        raise ValueError(
+            f"{arg} reaches {int(host.max())}, past the cache's {cache.places} {where} ({_axes(cache.layout)}); "
+            "nothing was written"
+        )
+    return found, arg
+
+
+def _integers(xp: Any, k: Any, value: Any, device: Any, arg: str) -> Any:
+    """``value`` as an integer array of k's library (Python ints and sequences made into one)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        namespace_and_library(("k", k), (arg, value))
+        if not isdtype(xp, value.dtype, "integral"):
+            raise TypeError(f"{arg} must hold integers, not {value.dtype}")
+        return value
+    return xp.asarray(value, dtype=_index_dtype(xp, device), device=device)
+
+
+def _index_dtype(xp: Any, device: Any) -> Any:
+    """The widest integer dtype on the device (int32 for JAX without x64)."""
+    return environment(xp, device).index
+
+
+def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any) -> KVCache:
+    """k (rotated) and v written at each token's place; the cache itself where the library
+    writes in place, else (JAX) a new one."""
+    if seq_axis == -2:  # tokens first: (batch, seq, heads, dim)
+        k, v = xp.permute_dims(k, (0, 2, 1, 3)), xp.permute_dims(v, (0, 2, 1, 3))
+    batch, seq, heads = k.shape[0], k.shape[1], k.shape[2]
+    tokens = batch * seq
+    device = device_of(xp, k)
+    dtype = _index_dtype(xp, device)
+    rows = xp.reshape(xp.astype(xp.broadcast_to(where, (batch, seq)), dtype), (tokens,))
+    owners = xp.arange(batch, dtype=dtype, device=device)[:, None]
+    owner = xp.reshape(xp.broadcast_to(owners, (batch, seq)), (tokens,))
+    tokens_k = xp.reshape(k, (tokens, heads, k.shape[3]))
+    tokens_v = xp.reshape(v, (tokens, heads, v.shape[3]))
+    # skipped tokens (negative places) take the first written token's place and values
+    written = rows >= 0
+    first = xp.argmax(xp.astype(written, xp.int32))[None]
+    anything = xp.any(written)
+    rows = xp.where(written, rows, xp.where(anything, xp.take(rows, first), 0))
+    owner = xp.where(written, owner, xp.where(anything, xp.take(owner, first), 0))
+    at = _index(cache, xp, owner, rows, heads, dtype, device)
+    kept = written[:, None, None]
+    new_k = xp.where(kept, tokens_k, xp.where(anything, xp.take(tokens_k, first, axis=0), cache.k[at]))
+    new_v = xp.where(kept, tokens_v, xp.where(anything, xp.take(tokens_v, first, axis=0), cache.v[at]))
+    if library_name(xp) == "jax.numpy":
+        return KVCache(cache.k.at[at].set(new_k), cache.v.at[at].set(new_v), layout=cache.layout)
+    cache.k[at] = new_k
+    cache.v[at] = new_v
+    return cache
+
+
+def _index(
+    cache: KVCache, xp: Any, owner: Any, rows: Any, heads: int, dtype: Any, device: Any
+) -> tuple[Any, Any, Any]:
+    """Three integer arrays broadcasting to (tokens, heads) that address every token's head in
+    the cache (its last axis, the features, whole)."""
+    head = xp.arange(heads, dtype=dtype, device=device)[None, :]
+    if cache.paged:
+        size = cache.k.shape[1 if cache.layout == "paged_nhd" else 2]
+        page, at = (rows // size)[:, None], (rows % size)[:, None]
+        return (page, at, head) if cache.layout == "paged_nhd" else (page, head, at)
+    batch, at = owner[:, None], rows[:, None]
+    return (batch, head, at) if cache.layout == "bhsd" else (batch, at, head)
