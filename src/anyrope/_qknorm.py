@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._args import check_bool, check_number, shown
+from ._args import check_bool, check_int, check_number, shown
 from ._compat import namespace_and_library, rsqrt
 from ._dtypes import compute_dtype
 
@@ -91,8 +91,6 @@ class QKNorm:
         computes none of these forms is refused, with its class named.
         """
         import torch  # the modules are torch's
-
-        from ._args import check_int
 
         head_dim = check_int(head_dim, "head_dim", low=1)
         found = [
