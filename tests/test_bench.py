@@ -846,3 +846,15 @@ def test_gpu_benchmark_runs_and_checks_each_result(tmp_path: Path) -> None:
         if row["diff"] is not None and row["backend"] == "torch-cpu" and row["variant"].startswith("anyrope"):
             assert row["diff"] == 0, row  # anyrope's own variants: the same result, bit for bit
     assert "| float32 | half | anyrope |" in (tmp_path / "gpu.md").read_text()
+
+
+def test_the_gpu_session_script_names_what_exists() -> None:
+    """benchmarks/gpu_session.sh, the one prepared call on a lent GPU: valid bash, and every test
+    file and script it runs exists (a renamed one would cost a session's device time to find)."""
+    script = ROOT / "benchmarks" / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    named = set(re.findall(r"\b((?:tests|benchmarks)/[\w/]+\.py)\b", script.read_text(encoding="utf-8")))
+    assert {"tests/test_triton.py", "benchmarks/bench_gpu.py", "tests/triton_report.py"} <= named
+    assert all((ROOT / path).is_file() for path in named), sorted(
+        p for p in named if not (ROOT / p).is_file()
+    )
