@@ -302,3 +302,65 @@ def test_cache_names_bad_input(backend: Backend) -> None:
     with pytest.raises(ValueError, match=r"several position streams .* pass cache_index"):
         anyrope.prologue(k, k, k, rope=mrope, cache=cache)
     np.testing.assert_array_equal(backend.to_numpy(k_cache), np.full(CACHES["bhsd"], CANARY))
+
+
+def test_prologue_takes_views_of_one_packed_projection(backend: Backend) -> None:
+    """q, k and v as views of one projection's output, (batch, seq, (heads + 2 kv_heads) *
+    head_dim) split and viewed as (batch, seq, heads, head_dim): the same results and cache as
+    from contiguous copies, with partial rotary."""
+    if backend.name not in WRITERS:
+        pytest.skip(f"{backend.name} arrays are not written by index")
+    xp = backend.xp
+    rope = anyrope.RoPE(HEAD_DIM, rotary_dim=10)
+    norm, _, _ = _norm(backend, "qwen3", "float32")
+    width = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    packed = backend.asarray(RNG.standard_normal((2, SEQ, width)), "float32")
+    cuts = (HEADS * HEAD_DIM, (HEADS + KV_HEADS) * HEAD_DIM)
+    views = [
+        xp.reshape(packed[..., a:b], (2, SEQ, b // HEAD_DIM - a // HEAD_DIM, HEAD_DIM))
+        for a, b in ((0, cuts[0]), (cuts[0], cuts[1]), (cuts[1], width))
+    ]
+    copies = [backend.asarray(backend.to_numpy(view), "float32") for view in views]
+    results = []
+    for q, k, v in (views, copies):
+        cache = anyrope.KVCache(
+            backend.asarray(np.full(CACHES["bshd"], CANARY), "float32"),
+            backend.asarray(np.full(CACHES["bshd"], CANARY), "float32"),
+            layout="bshd",
+        )
+        out = anyrope.prologue(q, k, v, rope=rope, norm=norm, offset=3, seq_axis=-3, cache=cache)
+        results.append([backend.to_numpy(a) for a in (out.q, out.k, out.cache.k, out.cache.v)])
+    for got, want in zip(*results, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_prologue_replays_in_a_cuda_graph(backend: Backend) -> None:
+    """Captured once with device positions and a cache, replayed with new positions written into
+    the same tensor: the same q, k and cache as eager calls (no host read inside)."""
+    if backend.name != "torch" or backend.device_kind != "cuda":
+        pytest.skip("CUDA graphs need torch on a CUDA device")
+    import torch
+
+    rope = anyrope.RoPE(HEAD_DIM)
+    norm, _, _ = _norm(backend, "gemma3", "bfloat16")
+    q = backend.asarray(RNG.standard_normal((4, HEADS, 1, HEAD_DIM)), "bfloat16")
+    k = backend.asarray(RNG.standard_normal((4, KV_HEADS, 1, HEAD_DIM)), "bfloat16")
+    rows = torch.tensor([[0], [5], [9], [11]], device=q.device)
+    caches = [torch.zeros(4, KV_HEADS, 12, HEAD_DIM, device=q.device, dtype=torch.bfloat16) for _ in range(2)]
+    cache = anyrope.KVCache(*caches)
+
+    def step() -> Any:
+        return anyrope.prologue(q, k, k, rope=rope, norm=norm, positions=rows, cache=cache)
+
+    step()  # warm: compile the kernel, cache the constants
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for new in ([[1], [2], [3], [4]], [[11], [0], [7], [10]]):
+        rows.copy_(torch.tensor(new))
+        graph.replay()
+        want_k = rope(norm.k(k), positions=rows)
+        assert torch.equal(captured.q, rope(norm.q(q), positions=rows))
+        assert torch.equal(captured.k, want_k)
+        for b, (r,) in enumerate(new):
+            assert torch.equal(caches[0][b, :, r], want_k[b, :, 0])
