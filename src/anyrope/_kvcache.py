@@ -12,6 +12,7 @@ place with the values already there), so the scatter holds only identical duplic
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from ._args import shown
@@ -49,6 +50,13 @@ class KVCache:
         b goes to row r of b (by default its position); ``(pages, page_size, heads, dim)`` and
         ``(pages, heads, page_size, dim)``: a token goes to its flat slot
         ``page * page_size + offset`` (``cache_index``).
+
+    Notes
+    -----
+    A negative place, given or a position, skips its token (padding). Places past the cache are
+    refused, with nothing written, where their values are on the host (NumPy, CPU tensors
+    outside a compiler); elsewhere nothing reads them, and the library's own scatter meets them
+    (JAX drops such updates; torch on a GPU stops with a device-side assertion).
     """
 
     def __init__(self, k: Any, v: Any, *, layout: str = "bhsd") -> None:
@@ -162,9 +170,10 @@ def places(
     elif positions is not None:
         found, arg = _integers(xp, k, positions, device, "positions"), "positions"
     else:
-        start = offset if isinstance(offset, int) else _integers(xp, k, offset, device, "offset")
+        whole = isinstance(offset, numbers.Integral)  # Python's and NumPy's ints
+        start = int(offset) if whole else _integers(xp, k, offset, device, "offset")
         steps = xp.arange(seq, dtype=_index_dtype(xp, device), device=device)
-        found = steps[None, :] + (start if isinstance(start, int) else xp.reshape(start, (-1, 1)))
+        found = steps[None, :] + (start if whole else xp.reshape(start, (-1, 1)))
         arg = "offset"
     if len(found.shape) == 1:
         found = found[None, :]
@@ -209,6 +218,8 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any) ->
         k, v = xp.permute_dims(k, (0, 2, 1, 3)), xp.permute_dims(v, (0, 2, 1, 3))
     batch, seq, heads = k.shape[0], k.shape[1], k.shape[2]
     tokens = batch * seq
+    if tokens == 0:  # nothing to write (and no first token to send skipped ones to)
+        return cache
     device = device_of(xp, k)
     dtype = _index_dtype(xp, device)
     rows = xp.reshape(xp.astype(xp.broadcast_to(where, (batch, seq)), dtype), (tokens,))
