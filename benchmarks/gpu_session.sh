@@ -43,9 +43,10 @@ step() {  # step NAME SECONDS COMMAND...: run it under its timeout, its status i
 } > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 
+# the GPU's own tests first: a step cut short by its timeout keeps what ran (-x: the first failure ends it)
 TESTS="-q -x -p no:cacheprovider -W ignore::DeprecationWarning"
 step tests-cuda 200 python3 -m pytest $TESTS --backend=torch-cuda \
-    tests/test_triton.py tests/test_kernels.py tests/test_plans.py tests/test_prologue.py > "$OUT/tests-cuda.txt" 2>&1
+    tests/test_triton.py tests/test_prologue.py tests/test_plans.py tests/test_kernels.py > "$OUT/tests-cuda.txt" 2>&1
 step tests-cupy 100 python3 -m pytest $TESTS --backend=cupy \
     tests/test_kernels.py tests/test_rope.py tests/test_prologue.py > "$OUT/tests-cupy.txt" 2>&1
 step triton-report 60 python3 tests/triton_report.py --json "$OUT/triton-report.json" > /dev/null 2>&1
