@@ -285,6 +285,22 @@ def _torch_peers(
                 _liger_result(fn, q_bshd, k_bshd, cos, sin),
                 "in place on (b, s, h, d) buffers, tables given",
             )
+    infer = _import("flashinfer.rope") if device == "cuda" else None
+    if infer is not None:  # ragged (tokens, heads, head_dim): the (b, s, h, d) buffers flattened
+        fq, fk = q_bshd.reshape(-1, qd[1], qd[3]), k_bshd.reshape(-1, kd[1], kd[3])
+        token_ids = ids.expand(qd[0], seq).reshape(-1).to(torch.int32)  # a position per token
+
+        def infer_call() -> Any:
+            return infer.apply_rope_pos_ids(
+                fq, fk, token_ids, interleave=layout == "interleaved", rope_theta=BASE
+            )
+
+        got = infer_call()
+        found["flashinfer"] = (
+            infer_call,
+            tuple(t.reshape(qd[0], seq, -1, qd[3]).transpose(1, 2) for t in got),
+            "apply_rope_pos_ids, angles in the kernel, (tokens, h, d)",
+        )
     flash = _flash_attn_rotary() if device == "cuda" else None
     if flash is not None:
         rows = offsets.to(torch.int32) if decode else 0
@@ -461,9 +477,11 @@ def _device_name(backend: str, device: str) -> str:
 
 def _versions(backend: str) -> str:
     """The versions a GPU figure depends on: the library's, its compiler's and the peers'."""
-    names = {"torch": ("torch", "triton", "transformers"), "cupy": ("cupy",), "jax": ("jax", "jaxlib")}[
-        backend
-    ]
+    names = {
+        "torch": ("torch", "triton", "transformers", "flashinfer"),
+        "cupy": ("cupy",),
+        "jax": ("jax", "jaxlib"),
+    }[backend]
     modules = {name: _import(name) for name in names}
     return ", ".join(f"{n} {getattr(m, '__version__', '?')}" if m else f"no {n}" for n, m in modules.items())
 

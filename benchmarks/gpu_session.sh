@@ -16,7 +16,8 @@
 #   3. triton-report.json: tests/triton_report.py with the machine's Triton (registers, spills,
 #      access widths of every kernel the benchmark launches, compiled for this GPU);
 #   4. gpu.json, gpu.md, bench-log.txt: benchmarks/bench_gpu.py at the "step" sizes, torch and
-#      CuPy, bfloat16 and float32, against a copy of the same bytes and the peers;
+#      CuPy, bfloat16 and float32, against a copy of the same bytes and the peers (flashinfer's
+#      apply_rope_pos_ids among them where its wheel was carried and imports);
 #   5. profile.txt: a repeated eager decode call's time per call, back to back (CUDA events),
 #      and where its host time goes (cProfile).
 set -u
