@@ -227,6 +227,16 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any) ->
     owner = xp.reshape(xp.broadcast_to(owners, (batch, seq)), (tokens,))
     tokens_k = xp.reshape(k, (tokens, heads, k.shape[3]))
     tokens_v = xp.reshape(v, (tokens, heads, v.shape[3]))
+    host = host_array(xp, rows, is_traced(xp, rows))
+    if host is not None:  # the places read on the host: the written tokens alone, picked there
+        if not bool((host >= 0).all()):
+            picked = xp.asarray(_nonzero(host >= 0), dtype=dtype, device=device)
+            rows, owner = xp.take(rows, picked), xp.take(owner, picked)
+            tokens_k, tokens_v = xp.take(tokens_k, picked, axis=0), xp.take(tokens_v, picked, axis=0)
+        at = _index(cache, xp, owner, rows, heads, dtype, device)
+        cache.k[at] = tokens_k
+        cache.v[at] = tokens_v
+        return cache
     # skipped tokens (negative places) take the first written token's place and values
     written = rows >= 0
     first = xp.argmax(xp.astype(written, xp.int32))[None]
@@ -242,6 +252,13 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any) ->
     cache.k[at] = new_k
     cache.v[at] = new_v
     return cache
+
+
+def _nonzero(mask: Any) -> list[int]:
+    """The indices where a host (NumPy) boolean array is true, as Python ints."""
+    import numpy as np
+
+    return [int(i) for i in np.flatnonzero(mask)]
 
 
 def _index(
