@@ -110,9 +110,9 @@ def _axes(layout: str) -> str:
     }[layout]  # fmt: skip
 
 
-def check(cache: KVCache, k: Any, v: Any, seq_axis: int) -> None:
+def check(cache: KVCache, k: Any, v: Any, seq_axis: int) -> Any:
     """The cache takes this call's k and v: one library, device and dtypes, k's heads and dims,
-    contiguous caches k's batch; before anything is computed."""
+    contiguous caches k's batch; before anything is computed. Their namespace."""
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be an anyrope.KVCache or None, not {type(cache).__name__}")
     if k is None or v is None:
@@ -140,6 +140,7 @@ def check(cache: KVCache, k: Any, v: Any, seq_axis: int) -> None:
             f"the cache's batch of {cache.k.shape[0]} rows differs from k's {k.shape[0]}: a contiguous "
             "cache holds one row of its batch per row of k"
         )
+    return xp
 
 
 def places(
@@ -151,11 +152,11 @@ def places(
     positions: Any,
     offset: Any,
     multi_axis: bool,
-) -> tuple[Any, str]:
-    """Each token's place, shape (batch or 1, seq), a device array of k's library, and the
-    argument it came from: ``cache_index``; for a contiguous cache by default the positions
-    (``offset + arange(seq)`` where only an offset is given). Checked against the cache's size
-    where the values are on the host."""
+) -> tuple[Any, Any]:
+    """Each token's place, shape (batch or 1, seq), a device array of k's library, from
+    ``cache_index``, or for a contiguous cache by default the positions (``offset + arange(seq)``
+    where only an offset is given); and its NumPy copy where the values are on the host (else
+    None), checked there against the cache's size."""
     batch, seq = k.shape[0], k.shape[-2 if seq_axis == -2 else -3]
     device = device_of(xp, k)
     if cache_index is not None:
@@ -193,7 +194,7 @@ def places(
             f"{arg} reaches {int(host.max())}, past the cache's {cache.places} {where} ({_axes(cache.layout)}); "
             "nothing was written"
         )
-    return found, arg
+    return found, host
 
 
 def _integers(xp: Any, k: Any, value: Any, device: Any, arg: str) -> Any:
@@ -211,9 +212,10 @@ def _index_dtype(xp: Any, device: Any) -> Any:
     return environment(xp, device).index
 
 
-def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any) -> KVCache:
-    """k (rotated) and v written at each token's place; the cache itself where the library
-    writes in place, else (JAX) a new one."""
+def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any, host: Any) -> KVCache:
+    """k (rotated) and v written at each token's place (``where``, and ``host``, its host copy
+    or None: see :func:`places`); the cache itself where the library writes in place, else
+    (JAX) a new one."""
     if seq_axis == -2:  # tokens first: (batch, seq, heads, dim)
         k, v = xp.permute_dims(k, (0, 2, 1, 3)), xp.permute_dims(v, (0, 2, 1, 3))
     batch, seq, heads = k.shape[0], k.shape[1], k.shape[2]
@@ -227,10 +229,12 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any) ->
     owner = xp.reshape(xp.broadcast_to(owners, (batch, seq)), (tokens,))
     tokens_k = xp.reshape(k, (tokens, heads, k.shape[3]))
     tokens_v = xp.reshape(v, (tokens, heads, v.shape[3]))
-    host = host_array(xp, rows, is_traced(xp, rows))
     if host is not None:  # the places read on the host: the written tokens alone, picked there
-        if not bool((host >= 0).all()):
-            picked = xp.asarray(_nonzero(host >= 0), dtype=dtype, device=device)
+        import numpy as np  # the host copy is NumPy's
+
+        kept = np.broadcast_to(host, (batch, seq)).reshape(-1) >= 0
+        if not bool(kept.all()):
+            picked = xp.asarray([int(i) for i in np.flatnonzero(kept)], dtype=dtype, device=device)
             rows, owner = xp.take(rows, picked), xp.take(owner, picked)
             tokens_k, tokens_v = xp.take(tokens_k, picked, axis=0), xp.take(tokens_v, picked, axis=0)
         at = _index(cache, xp, owner, rows, heads, dtype, device)
@@ -252,13 +256,6 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any) ->
     cache.k[at] = new_k
     cache.v[at] = new_v
     return cache
-
-
-def _nonzero(mask: Any) -> list[int]:
-    """The indices where a host (NumPy) boolean array is true, as Python ints."""
-    import numpy as np
-
-    return [int(i) for i in np.flatnonzero(mask)]
 
 
 def _index(

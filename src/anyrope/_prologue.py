@@ -85,12 +85,11 @@ def prologue(
         raise TypeError(f"norm must be an anyrope.QKNorm or None, not {type(norm).__name__}")
     if v is not None:
         _check_values(q, k, v)
-    places = None
+    places = host = None
     if cache is not None:
-        _kvcache.check(cache, k, v, seq_axis)
-        xp, _ = namespace_and_library(("k", k))
+        xp = _kvcache.check(cache, k, v, seq_axis)
         multi = rope.streams > 1
-        places, _ = _kvcache.places(cache, xp, k, seq_axis, cache_index, positions, offset, multi)
+        places, host = _kvcache.places(cache, xp, k, seq_axis, cache_index, positions, offset, multi)
     elif cache_index is not None:
         raise ValueError("cache_index was given without a cache: pass cache=anyrope.KVCache(...)")
     if norm is not None:
@@ -100,7 +99,7 @@ def prologue(
         return Prologue(rope(q, positions=positions, offset=offset, seq_axis=seq_axis), None, v, None)
     q, k = rope(q, k, positions=positions, offset=offset, seq_axis=seq_axis)
     if cache is not None:
-        cache = _kvcache.write(cache, xp, k, v, seq_axis, places)
+        cache = _kvcache.write(cache, xp, k, v, seq_axis, places, host)
     return Prologue(q, k, v, cache)
 
 

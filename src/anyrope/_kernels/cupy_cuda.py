@@ -81,7 +81,7 @@ def packing(arrays: tuple[Any, ...], pairs: int, width: int, half: bool) -> tupl
     every row, and the second half); else one pair, read as one aligned word where that holds
     (a half-layout pack of one element always does), element by element where it does not."""
     size = arrays[0].itemsize
-    chosen = 16 // size if half else 8 // size  # pairs in 16 bytes
+    chosen = _widest(size, half)
     while chosen >= 1:
         pack = chosen if half else 2 * chosen
         fits = pairs % chosen == 0 and width % pack == 0
@@ -152,20 +152,20 @@ def kernel_name(dtype_name: str, per_thread: int, half: bool, aligned: bool) -> 
     return f"anyrope::rotate<{TYPES[dtype_name]}, {per_thread}, {flags}>"
 
 
-def _names() -> tuple[str, ...]:
-    found = []
-    for dtype, itemsize in (("float16", 2), ("float32", 4), ("float64", 8)):
-        for half in (True, False):
-            per_thread = 16 // itemsize if half else 8 // itemsize
-            while per_thread >= 1:
-                found.append(kernel_name(dtype, per_thread, half, True))
-                per_thread //= 2
-        found.append(kernel_name(dtype, 1, False, False))  # interleaved pairs off their word
-    return tuple(found)
+def _widest(itemsize: int, half: bool) -> int:
+    """The most pairs a thread rotates: 16 bytes of each half, or of interleaved pairs."""
+    return 16 // itemsize if half else 8 // itemsize
+
+
+def _names_of(dtype: str, half: bool) -> list[str]:
+    """The kernels :func:`packing` may choose for x of this dtype and layout."""
+    widest = _widest({"float16": 2, "float32": 4, "float64": 8}[dtype], half)
+    found = [kernel_name(dtype, 1 << i, half, True) for i in range(widest.bit_length())]
+    return found if half else [*found, kernel_name(dtype, 1, False, False)]  # pairs off their word
 
 
 #: Every kernel rope.cu is compiled into (NVRTC's name expressions), as :func:`packing` chooses
-NAMES = _names()
+NAMES = tuple(name for dtype in TYPES for half in (True, False) for name in _names_of(dtype, half))
 
 
 _lock = threading.Lock()
@@ -191,9 +191,7 @@ def _function(name: str) -> Any:
 
 def _functions(job: Job) -> dict[str, Any]:
     """The compiled kernels a job of this dtype and layout may launch, by name."""
-    wanted = f"<{TYPES[job.key.dtype]}, "
-    half = f", {'true' if job.layout == 'half' else 'false'}, "
-    return {name: _function(name) for name in NAMES if wanted in name and half in name}
+    return {name: _function(name) for name in _names_of(job.key.dtype, job.layout == "half")}
 
 
 def _dense(library: Any, x: Any, target: Any, new: bool) -> tuple[Any, Any, Any]:

@@ -117,6 +117,8 @@ __host__ __device__ void rotate_thread(
         row_start = index[b * call.is[1]];
         p = (long long)((unsigned long long)row_start + (unsigned long long)s);  // wraps, defined
     }
+    const bool streams_apart = call.mode == POSITIONS && (call.flags & MULTI);  // one per pair
+    if (call.mode == POSITIONS && !streams_apart) p = index[b * call.is[1] + s * call.is[2]];
     for (int v = 0; v < V; ++v) {
         const long long j = j0 + v;
         if (call.mode == TABLES) {
@@ -124,10 +126,7 @@ __host__ __device__ void rotate_thread(
             c[v] = cos_table[at];
             n[v] = sin_table[at];
         } else {
-            if (call.mode == POSITIONS) {
-                const long long stream = (call.flags & MULTI) ? streams[j] : 0;  // the pair's own stream
-                p = index[stream * call.is[0] + b * call.is[1] + s * call.is[2]];
-            }
+            if (streams_apart) p = index[streams[j] * call.is[0] + b * call.is[1] + s * call.is[2]];
             const bool negative = p < 0;
             const long long magnitude = negative ? -1 - p : p;  // never overflows
             const double f0 = steps[j];
