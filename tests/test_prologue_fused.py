@@ -197,3 +197,38 @@ def test_leaves_are_numpys_tree() -> None:
         assert sum(length for _, length in _jit_prologue.leaves(n)) == n
     with pytest.raises(ValueError, match="three levels"):
         _jit_prologue.leaves(1025)
+
+
+def test_a_kept_call_does_only_its_values_work(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Later calls of one signature take the kept fused launch (the argument checks run once): new
+    offsets and places each time give the steps apart's results, and a place past the cache is
+    still refused unwritten."""
+    from anyrope import _prologue
+
+    checks: list[int] = []
+    checked = _prologue._checked
+    monkeypatch.setattr(_prologue, "_checked", lambda *args: checks.append(1) or checked(*args))
+    rope = anyrope.RoPE(64)
+    weight = _array(backend, 1 + 0.1 * RNG.standard_normal(64), "float32")
+    norm = anyrope.QKNorm(weight, weight)
+    v = _array(backend, RNG.standard_normal((BATCH, KV_HEADS, 1, 64)), "float32")
+    fused, steps = _cache(backend, "bhsd", "float32", 64), _cache(backend, "bhsd", "float32", 64)
+    for step in range(4):
+        q = _array(backend, RNG.standard_normal((BATCH, HEADS, 1, 64)), "float32")
+        k = _array(backend, RNG.standard_normal((BATCH, KV_HEADS, 1, 64)), "float32")
+        places = _array(backend, np.array([[step], [MAX_ROWS - 1 - step]]), backend.index)
+        got = anyrope.prologue(
+            q, k, v, rope=rope, norm=norm, cache=fused, offset=50 + step, cache_index=places
+        )
+        with anyrope.use_fast_paths(False):
+            want = anyrope.prologue(
+                q, k, v, rope=rope, norm=norm, cache=steps, offset=50 + step, cache_index=places
+            )
+        np.testing.assert_array_equal(backend.to_numpy(got.q), backend.to_numpy(want.q))
+        np.testing.assert_array_equal(backend.to_numpy(fused.k), backend.to_numpy(steps.k))
+    assert len(checks) == 1 + 4  # the first fused call, and each call of the steps apart
+    before = backend.to_numpy(fused.k).copy()
+    past = _array(backend, np.array([[0], [MAX_ROWS]]), backend.index)
+    with pytest.raises(ValueError, match="past the cache"):
+        anyrope.prologue(q, k, v, rope=rope, norm=norm, cache=fused, offset=1, cache_index=past)
+    np.testing.assert_array_equal(backend.to_numpy(fused.k), before)

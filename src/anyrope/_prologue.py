@@ -13,6 +13,7 @@ from ._compat import is_traced, namespace_and_library
 from ._fusion import Fusion, PrologueJob, PrologueLaunch
 from ._kvcache import KVCache
 from ._memo import Memo
+from ._plan import signature
 from ._qknorm import QKNorm
 from ._registry import choose_fusion, current_switch, fusion_libraries
 from ._rope import RoPE
@@ -83,11 +84,28 @@ def prologue(
     equal ``rope(norm.q(q), norm.k(k))`` bit for bit on every library, eagerly and under
     ``torch.compile``, ``jax.jit`` and ``mx.compile``, and the cache holds those k and v.
     """
+    rotary = rope._rotary if isinstance(rope, RoPE) else None
+    key = (
+        None if rotary is None else _signature(q, k, v, positions, offset, seq_axis, norm, cache, cache_index)
+    )
+    kept = None if key is None else rotary.plans.find(key)  # type: ignore[union-attr]
+    if kept is not None:  # a fused call whose signature was checked: only its values' work
+        xp, launch = kept
+        host = None
+        if cache is not None:
+            multi = rope.streams > 1
+            host = _kvcache.places(cache, xp, k, seq_axis, cache_index, positions, offset, multi)[1]
+        if cache is None or host is not None:
+            source = rope_source(rotary, q, k, positions, offset, seq_axis)[1]  # type: ignore[arg-type]
+            q, k = launch(q, k, v, norm, cache, host, source)
+            return Prologue(q, k, v, cache)
     checked = _checked(rope, q, k, v, positions, offset, seq_axis, norm, cache, cache_index)
     xp, places, host = checked
     fused = _fused(rope, q, k, v, positions, offset, seq_axis, norm, cache, host)
     if fused[0] is not None:
         launch, source = fused[0]
+        if key is not None:
+            rotary.plans.keep(key, (namespace_and_library(("q", q))[0], launch))  # type: ignore[union-attr]
         q, k = launch(q, k, v, norm, cache, host, source)
         return Prologue(q, k, v, cache)
     if norm is not None:
@@ -209,6 +227,35 @@ def _early(library: str, *, traced: bool, has_k: bool) -> PrologueJob:
         compute=None, seq_axis=-2, shapes=((),), head_dim=0, rounding=None, across_heads=False,
         one_dtype=True, cache=None, host_places=False, streams=1, xpos=False, has_k=has_k,
     )  # fmt: skip
+
+
+def _signature(
+    q: Any, k: Any, v: Any, positions: Any, offset: Any, seq_axis: Any,
+    norm: QKNorm | None, cache: KVCache | None, cache_index: Any,
+) -> tuple[Any, ...] | None:  # fmt: skip
+    """What a fused prologue call's checks and choices read, as a key among its RoPE's plans (see
+    :func:`anyrope._plan.signature`): the rotation's signature, and v's, the norm's weights', the
+    cache's arrays' and cache_index's, with the norm's form and the cache's layout; None where a
+    part keeps none (a traced call, lists, arrays of a library without a signer)."""
+    if (
+        k is None
+        or not isinstance(norm, (QKNorm, type(None)))
+        or not isinstance(cache, (KVCache, type(None)))
+    ):
+        return None  # the checks name what is wrong
+    parts: list[Any] = ["prologue", signature(q, k, positions, offset, seq_axis, False, False)]
+    if v is not None:
+        parts.append(signature(v, None, None, 0, None, None, None))
+    if norm is not None:
+        weights = signature(norm.q_weight, norm.k_weight, None, 0, None, None, None)
+        parts += [type(norm), norm.rounding, norm.across_heads, weights]
+    if cache is not None:
+        parts += [type(cache), cache.layout, signature(cache.k, cache.v, None, 0, None, None, None)]
+        if cache_index is not None:
+            parts.append(signature(cache_index, None, None, 0, None, None, None))
+    elif cache_index is not None:
+        return None
+    return None if any(part is None for part in parts) else tuple(parts)
 
 
 def _check_values(q: Any, k: Any, v: Any) -> None:
