@@ -88,7 +88,7 @@ def prologue(
     key = (
         None if rotary is None else _signature(q, k, v, positions, offset, seq_axis, norm, cache, cache_index)
     )
-    kept = None if key is None else rotary.plans.find(key)  # type: ignore[union-attr]
+    kept = None if key is None else rotary.plans.find(key)
     if kept is not None:  # a fused call whose signature was checked: only its values' work
         xp, launch = kept
         host = None
@@ -96,7 +96,7 @@ def prologue(
             multi = rope.streams > 1
             host = _kvcache.places(cache, xp, k, seq_axis, cache_index, positions, offset, multi)[1]
         if cache is None or host is not None:
-            source = rope_source(rotary, q, k, positions, offset, seq_axis)[1]  # type: ignore[arg-type]
+            source = rope_source(rotary, q, k, positions, offset, seq_axis)[1]
             q, k = launch(q, k, v, norm, cache, host, source)
             return Prologue(q, k, v, cache)
     checked = _checked(rope, q, k, v, positions, offset, seq_axis, norm, cache, cache_index)
@@ -105,7 +105,7 @@ def prologue(
     if fused[0] is not None:
         launch, source = fused[0]
         if key is not None:
-            rotary.plans.keep(key, (namespace_and_library(("q", q))[0], launch))  # type: ignore[union-attr]
+            rotary.plans.keep(key, (namespace_and_library(("q", q))[0], launch))
         q, k = launch(q, k, v, norm, cache, host, source)
         return Prologue(q, k, v, cache)
     if norm is not None:
