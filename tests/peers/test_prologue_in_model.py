@@ -1,4 +1,4 @@
-"""The prologue in a model: tiny Qwen3 and OLMo 2 (transformers, random weights) whose attention
+"""The prologue in a model: tiny Qwen3, Gemma 3 and OLMo 2 (transformers, random weights) whose attention
 runs through ``anyrope.prologue`` (its q_norm and k_norm read by ``QKNorm.from_modules``, its
 RoPE by ``RoPE.from_hf_config``, a preallocated ``KVCache``) decode the same greedy tokens as the
 stock model, their logits within the dtype's tolerance (anyrope's angles are exact, the model's
@@ -15,7 +15,14 @@ import anyrope
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from transformers import Olmo2Config, Olmo2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 PROMPT, NEW_TOKENS, MAX_ROWS = 6, 8, 32
 # The logits' tolerance: float32 differs by the angles' rounding (~1e-6 relative) through the layers;
@@ -32,6 +39,9 @@ def _model(family: str, dtype: str) -> Any:
     }  # fmt: skip
     if family == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **shared))
+    elif family == "gemma3":  # its sliding window longer than the test: every layer attends to all
+        config = Gemma3TextConfig(head_dim=16, sliding_window=64, query_pre_attn_scalar=16, **shared)
+        model = Gemma3ForCausalLM(config)
     else:
         model = Olmo2ForCausalLM(Olmo2Config(**shared))
     return model.to(getattr(torch, dtype)).eval()
@@ -60,10 +70,9 @@ def _attention(self: Any, hidden_states: Any, position_embeddings: Any, attentio
 def _patch(model: Any) -> None:
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rope = anyrope.RoPE.from_hf_config(config)
-    for layer in model.model.layers:
+    for index, layer in enumerate(model.model.layers):
         attention = layer.self_attn
-        attention.anyrope_rope = rope
+        attention.anyrope_rope = anyrope.RoPE.from_hf_config(config, layer=index)  # Gemma 3's differ by layer
         attention.anyrope_norm = anyrope.QKNorm.from_modules(
             attention.q_norm, attention.k_norm, head_dim=head_dim
         )
@@ -74,7 +83,7 @@ def _patch(model: Any) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", ["qwen3", "olmo2"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "olmo2"])
 def test_greedy_decode_through_the_prologue(family: str, dtype: str) -> None:
     model = _model(family, dtype)
     prompt = torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(1))
@@ -96,6 +105,7 @@ def test_greedy_decode_through_the_prologue(family: str, dtype: str) -> None:
     written = PROMPT + NEW_TOKENS - 1  # the last token is sampled, never attended
     for layer in model.model.layers:  # the prologue ran: each layer's cache holds every token's row
         rows = layer.self_attn.anyrope_cache.k[0].abs().sum((-2, -1))
-        assert bool((rows[:written] > 0).all()) and not rows[written:].any()
+        assert bool((rows[:written] > 0).all())
+        assert not rows[written:].any()
     for got, want in zip(logits, stock.logits, strict=True):
         torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=TOLERANCE[dtype])
