@@ -374,7 +374,8 @@ def test_jax_writes_a_donated_cache() -> None:
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
     rope = anyrope.RoPE(HEAD_DIM)
-    norm = anyrope.QKNorm(jnp.ones(HEAD_DIM), jnp.ones(HEAD_DIM) * 0.5)
+    f32 = jnp.float32  # with x64 on, JAX's default is float64
+    norm = anyrope.QKNorm(jnp.ones(HEAD_DIM, dtype=f32), jnp.full(HEAD_DIM, 0.5, dtype=f32))
 
     def step(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, offset: Any) -> Any:
         cache = anyrope.KVCache(k_cache, v_cache)
@@ -383,7 +384,7 @@ def test_jax_writes_a_donated_cache() -> None:
 
     jitted = jax.jit(step, donate_argnums=(3, 4))
     shape = (2, KV_HEADS, 8, HEAD_DIM)
-    k_cache, v_cache = jnp.full(shape, CANARY), jnp.full(shape, CANARY)
+    k_cache, v_cache = jnp.full(shape, CANARY, dtype=f32), jnp.full(shape, CANARY, dtype=f32)
     eager_k, eager_v = np.full(shape, CANARY, np.float32), np.full(shape, CANARY, np.float32)
     for offset in range(3):
         q = jnp.asarray(RNG.standard_normal((2, HEADS, 1, HEAD_DIM)), jnp.float32)
