@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent  # the checkout: pyproject.toml, d
 # `import anyrope` imports no backend.
 LOADED_ON_FIRST_USE = {
     "anyrope._kernels._jit": "numba",
+    "anyrope._kernels._jit_prologue": "numba",
     "anyrope._kernels._numba_op": "torch (and numba)",
     "anyrope._kernels._triton": "triton and torch",
     "anyrope._torch_ops": "torch",

@@ -364,3 +364,39 @@ def test_prologue_replays_in_a_cuda_graph(backend: Backend) -> None:
         assert torch.equal(captured.k, want_k)
         for b, (r,) in enumerate(new):
             assert torch.equal(caches[0][b, :, r], want_k[b, :, 0])
+
+
+@pytest.mark.backends("jax")
+def test_jax_writes_a_donated_cache() -> None:
+    """Under jax.jit with the cache's arrays donated, a decode loop writes each step's row into
+    the buffers it was given back (no copy of the cache a step, where the platform takes
+    donations) and equals the eager calls; the rows not written keep the canary."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rope = anyrope.RoPE(HEAD_DIM)
+    f32 = jnp.float32  # with x64 on, JAX's default is float64
+    norm = anyrope.QKNorm(jnp.ones(HEAD_DIM, dtype=f32), jnp.full(HEAD_DIM, 0.5, dtype=f32))
+
+    def step(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, offset: Any) -> Any:
+        cache = anyrope.KVCache(k_cache, v_cache)
+        out = anyrope.prologue(q, k, v, rope=rope, norm=norm, offset=offset, cache=cache)
+        return out.q, out.cache.k, out.cache.v
+
+    jitted = jax.jit(step, donate_argnums=(3, 4))
+    shape = (2, KV_HEADS, 8, HEAD_DIM)
+    k_cache, v_cache = jnp.full(shape, CANARY, dtype=f32), jnp.full(shape, CANARY, dtype=f32)
+    eager_k, eager_v = np.full(shape, CANARY, np.float32), np.full(shape, CANARY, np.float32)
+    for offset in range(3):
+        q = jnp.asarray(RNG.standard_normal((2, HEADS, 1, HEAD_DIM)), jnp.float32)
+        k, v = (jnp.asarray(RNG.standard_normal((2, KV_HEADS, 1, HEAD_DIM)), jnp.float32) for _ in "kv")
+        given, pointer = k_cache, k_cache.unsafe_buffer_pointer()
+        got_q, k_cache, v_cache = jitted(q, k, v, k_cache, v_cache, offset)
+        # JAX 0.6 and later take donations on CPUs as on GPUs: the step writes the buffer given
+        assert given.is_deleted() or jax.__version_info__ < (0, 6)
+        if given.is_deleted():
+            assert k_cache.unsafe_buffer_pointer() == pointer
+        want_q, eager_k, eager_v = step(q, k, v, jnp.asarray(eager_k), jnp.asarray(eager_v), offset)
+        np.testing.assert_allclose(np.asarray(got_q), np.asarray(want_q), rtol=2e-6, atol=2e-6)
+        np.testing.assert_allclose(np.asarray(k_cache), np.asarray(eager_k), rtol=2e-6, atol=2e-6)
+        np.testing.assert_array_equal(np.asarray(v_cache), np.asarray(eager_v))
+    assert (np.asarray(k_cache)[:, :, 3:] == CANARY).all()

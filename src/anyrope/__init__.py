@@ -15,7 +15,7 @@ from ._job import Kernel
 from ._kvcache import KVCache
 from ._layout import LAYOUTS, permute_qk_weight, to_layout
 from ._packed import packed_positions
-from ._prologue import Prologue, prologue
+from ._prologue import Prologue, explain_prologue, prologue
 from ._qknorm import QKNorm
 from ._registry import kernels, use_fast_paths
 from ._rerotate import rerotate
@@ -34,6 +34,7 @@ __all__ = [
     "__version__",
     "analysis",
     "apply",
+    "explain_prologue",
     "grid_positions",
     "kernels",
     "packed_positions",

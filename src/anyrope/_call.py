@@ -21,14 +21,14 @@ from ._dtypes import compute_dtype, isdtype
 from ._handle import Handle
 from ._job import make_job
 from ._layout import normalize_layout
-from ._plan import launch_of, make_plan, signature
+from ._plan import Plan, launch_of, make_plan, signature
 from ._policy import HAND_ON, JAX_JIT, call_form
 from ._positions import position_spec
 from ._registry import Switch, current_switch, use_fast_paths
 from ._rotary import Rotary
 from ._tables import GivenTables, PositionTables
 
-__all__ = ["apply", "cos_sin", "rope_call"]
+__all__ = ["apply", "cos_sin", "rope_call", "rope_source"]
 
 
 def rope_call(
@@ -77,6 +77,20 @@ def rope_call(
             return out
     plan, source = make_plan(rotary, q, k, positions, offset, seq_axis, inplace, inverse, keep=key)
     return plan.run_with(source, q, k)
+
+
+def rope_source(
+    rotary: Rotary, q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any
+) -> tuple[Plan, PositionTables]:
+    """The plan of ``rope(q, k, positions=..., offset=..., seq_axis=...)`` (looked up by its
+    signature, else made with every check) and the source of its angles, without running it:
+    for a fused kernel that rotates as part of more (the attention prologue's)."""
+    key = signature(q, k, positions, offset, seq_axis, False, False)
+    plan = None if key is None else rotary.plans.find(key)
+    if plan is not None and plan.values is not None:
+        spec = plan.values(positions, offset)
+        return plan, PositionTables(rotary, plan.ctx, spec, plan.seq, plan.facts)
+    return make_plan(rotary, q, k, positions, offset, seq_axis, False, False, keep=key)
 
 
 def _rope_handed_on(

@@ -8,12 +8,17 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from . import _kvcache
-from ._compat import namespace_and_library
+from ._call import rope_source
+from ._compat import is_traced, namespace_and_library
+from ._fusion import Fusion, PrologueJob, PrologueLaunch
 from ._kvcache import KVCache
+from ._memo import Memo
+from ._plan import signature
 from ._qknorm import QKNorm
+from ._registry import choose_fusion, current_switch, fusion_libraries
 from ._rope import RoPE
 
-__all__ = ["Prologue", "prologue"]
+__all__ = ["Prologue", "explain_prologue", "prologue"]
 
 
 class Prologue(NamedTuple):
@@ -79,19 +84,30 @@ def prologue(
     equal ``rope(norm.q(q), norm.k(k))`` bit for bit on every library, eagerly and under
     ``torch.compile``, ``jax.jit`` and ``mx.compile``, and the cache holds those k and v.
     """
-    if not isinstance(rope, RoPE):
-        raise TypeError(f"rope must be an anyrope.RoPE, not {type(rope).__name__}")
-    if norm is not None and not isinstance(norm, QKNorm):
-        raise TypeError(f"norm must be an anyrope.QKNorm or None, not {type(norm).__name__}")
-    if v is not None:
-        _check_values(q, k, v)
-    places = host = None
-    if cache is not None:
-        xp = _kvcache.check(cache, k, v, seq_axis)
-        multi = rope.streams > 1
-        places, host = _kvcache.places(cache, xp, k, seq_axis, cache_index, positions, offset, multi)
-    elif cache_index is not None:
-        raise ValueError("cache_index was given without a cache: pass cache=anyrope.KVCache(...)")
+    rotary = rope._rotary if isinstance(rope, RoPE) else None
+    key = (
+        None if rotary is None else _signature(q, k, v, positions, offset, seq_axis, norm, cache, cache_index)
+    )
+    kept = None if key is None else rotary.plans.find(key)
+    if kept is not None:  # a fused call whose signature was checked: only its values' work
+        xp, launch = kept
+        host = None
+        if cache is not None:
+            multi = rope.streams > 1
+            host = _kvcache.places(cache, xp, k, seq_axis, cache_index, positions, offset, multi)[1]
+        if cache is None or host is not None:
+            source = rope_source(rotary, q, k, positions, offset, seq_axis)[1]
+            q, k = launch(q, k, v, norm, cache, host, source)
+            return Prologue(q, k, v, cache)
+    checked = _checked(rope, q, k, v, positions, offset, seq_axis, norm, cache, cache_index)
+    xp, places, host = checked
+    fused = _fused(rope, q, k, v, positions, offset, seq_axis, norm, cache, host)
+    if fused[0] is not None:
+        launch, source = fused[0]
+        if key is not None:
+            rotary.plans.keep(key, (namespace_and_library(("q", q))[0], launch))
+        q, k = launch(q, k, v, norm, cache, host, source)
+        return Prologue(q, k, v, cache)
     if norm is not None:
         q = norm.q(q, seq_axis=seq_axis)
         k = None if k is None else norm.k(k, seq_axis=seq_axis)
@@ -101,6 +117,145 @@ def prologue(
     if cache is not None:
         cache = _kvcache.write(cache, xp, k, v, seq_axis, places, host)
     return Prologue(q, k, v, cache)
+
+
+def explain_prologue(
+    q: Any,
+    k: Any = None,
+    v: Any = None,
+    *,
+    rope: RoPE,
+    positions: Any = None,
+    offset: Any = 0,
+    seq_axis: int = -2,
+    norm: QKNorm | None = None,
+    cache: KVCache | None = None,
+    cache_index: Any = None,
+) -> str:
+    """How :func:`prologue` would run with these arguments, and why: the fused kernel that takes
+    the call, or the steps apart with each fusion's reason for not taking it. Checks the
+    arguments as the call does, and writes nothing.
+
+    Examples
+    --------
+    >>> import numpy as np, anyrope
+    >>> q = np.ones((1, 4, 3, 64), np.float32)
+    >>> print(anyrope.explain_prologue(q, rope=anyrope.RoPE(64)))
+    steps apart: numba: no calls without k
+    """
+    _, _, host = _checked(rope, q, k, v, positions, offset, seq_axis, norm, cache, cache_index)
+    found, why = _fused(rope, q, k, v, positions, offset, seq_axis, norm, cache, host, explain=True)
+    if found is not None:
+        return f"fused: {why[-1]}"
+    return "steps apart: " + "; ".join(why)
+
+
+def _checked(
+    rope: Any, q: Any, k: Any, v: Any, positions: Any, offset: Any, seq_axis: int,
+    norm: Any, cache: Any, cache_index: Any,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    """The checks of a prologue's arguments that come before any step: the cache's namespace,
+    and each token's place in it with its host copy (None where there is no cache)."""
+    if not isinstance(rope, RoPE):
+        raise TypeError(f"rope must be an anyrope.RoPE, not {type(rope).__name__}")
+    if norm is not None and not isinstance(norm, QKNorm):
+        raise TypeError(f"norm must be an anyrope.QKNorm or None, not {type(norm).__name__}")
+    if v is not None:
+        _check_values(q, k, v)
+    xp = places = host = None
+    if cache is not None:
+        xp = _kvcache.check(cache, k, v, seq_axis)
+        multi = rope.streams > 1
+        places, host = _kvcache.places(cache, xp, k, seq_axis, cache_index, positions, offset, multi)
+    elif cache_index is not None:
+        raise ValueError("cache_index was given without a cache: pass cache=anyrope.KVCache(...)")
+    return xp, places, host
+
+
+# Each fusion's launch, prepared once per call signature (a PrologueJob).
+_launches: Memo[PrologueLaunch] = Memo()
+
+
+def _fused(
+    rope: RoPE, q: Any, k: Any, v: Any, positions: Any, offset: Any, seq_axis: int,
+    norm: QKNorm | None, cache: KVCache | None, host: Any, *, explain: bool = False,
+) -> tuple[tuple[PrologueLaunch, Any] | None, list[str]]:  # fmt: skip
+    """The launch of the fusion that takes this call and its source of angles, or None; and
+    why each fusion before it (or every one) did not take it, then (with ``explain``) what runs."""
+    xp, library = namespace_and_library(("q", q))
+    traced = is_traced(xp, q, k)
+    if traced and not explain:  # a compiler runs the steps apart: nothing here for it to trace
+        return None, []
+    switch = current_switch(traced)
+    if traced or switch is False or library not in fusion_libraries() or k is None:
+        return None, choose_fusion(_early(library, traced=traced, has_k=k is not None), switch)[1]
+    if norm is not None:
+        norm.check(q, k, seq_axis=seq_axis)
+    plan, source = rope_source(rope._rotary, q, k, positions, offset, seq_axis)
+    job = _job(plan, q, k, v, norm, cache, host, rope.streams)
+    fusion, why = choose_fusion(job, switch)
+    if fusion is None:
+        return None, why
+    launch = _launches.get((fusion.name, job), lambda: _prepared(fusion, job))
+    return (launch, source), [*why, f"{fusion.name} ({fusion.summary})"] if explain else why
+
+
+def _prepared(fusion: Fusion, job: PrologueJob) -> PrologueLaunch:
+    return fusion.prepare(job)
+
+
+def _job(plan: Any, q: Any, k: Any, v: Any, norm: QKNorm | None, cache: KVCache | None, host: Any,
+         streams: int) -> PrologueJob:  # fmt: skip
+    """What the call's signature fixes, as the fusions read it."""
+    first, ctx = plan.jobs[0], plan.ctx
+    same = q.dtype == k.dtype and (norm is None or norm.q_weight.dtype == q.dtype == norm.k_weight.dtype)
+    return PrologueJob(
+        library=ctx.library, device=ctx.env.device_type, dtype=first.key.dtype, traced=ctx.traced,
+        grad=ctx.grad, layout=first.layout, inverse=first.inverse, compute=first.compute,
+        seq_axis=first.seq_axis, shapes=(tuple(q.shape), tuple(k.shape), () if v is None else tuple(v.shape)),
+        head_dim=int(q.shape[-1]), rounding=None if norm is None else norm.rounding,
+        across_heads=norm is not None and norm.across_heads, one_dtype=same,
+        cache=None if cache is None else cache.layout, host_places=host is not None, streams=streams,
+        xpos=plan.xpos, has_k=True,
+    )  # fmt: skip
+
+
+def _early(library: str, *, traced: bool, has_k: bool) -> PrologueJob:
+    """A job for a call refused before its plan is looked up: only what refuses it is true."""
+    return PrologueJob(
+        library=library, device="", dtype="", traced=traced, grad=False, layout="", inverse=False,
+        compute=None, seq_axis=-2, shapes=((),), head_dim=0, rounding=None, across_heads=False,
+        one_dtype=True, cache=None, host_places=False, streams=1, xpos=False, has_k=has_k,
+    )  # fmt: skip
+
+
+def _signature(
+    q: Any, k: Any, v: Any, positions: Any, offset: Any, seq_axis: Any,
+    norm: QKNorm | None, cache: KVCache | None, cache_index: Any,
+) -> tuple[Any, ...] | None:  # fmt: skip
+    """What a fused prologue call's checks and choices read, as a key among its RoPE's plans (see
+    :func:`anyrope._plan.signature`): the rotation's signature, and v's, the norm's weights', the
+    cache's arrays' and cache_index's, with the norm's form and the cache's layout; None where a
+    part keeps none (a traced call, lists, arrays of a library without a signer)."""
+    if (
+        k is None
+        or not isinstance(norm, (QKNorm, type(None)))
+        or not isinstance(cache, (KVCache, type(None)))
+    ):
+        return None  # the checks name what is wrong
+    parts: list[Any] = ["prologue", signature(q, k, positions, offset, seq_axis, False, False)]
+    if v is not None:
+        parts.append(signature(v, None, None, 0, None, None, None))
+    if norm is not None:
+        weights = signature(norm.q_weight, norm.k_weight, None, 0, None, None, None)
+        parts += [type(norm), norm.rounding, norm.across_heads, weights]
+    if cache is not None:
+        parts += [type(cache), cache.layout, signature(cache.k, cache.v, None, 0, None, None, None)]
+        if cache_index is not None:
+            parts.append(signature(cache_index, None, None, 0, None, None, None))
+    elif cache_index is not None:
+        return None
+    return None if any(part is None for part in parts) else tuple(parts)
 
 
 def _check_values(q: Any, k: Any, v: Any) -> None:

@@ -118,7 +118,15 @@ class QKNorm:
         """k normalised, in its dtype (see :meth:`q`)."""
         return self._norm(k, self.k_weight, "k", "k_weight", seq_axis)
 
-    def _norm(self, x: Any, weight: Any, arg: str, weight_arg: str, seq_axis: int) -> Any:
+    def check(self, q: Any, k: Any, *, seq_axis: int = -2) -> None:
+        """That the weights fit q and k (k may be None), as :meth:`q` and :meth:`k` check them:
+        for a fused kernel that normalises them itself."""
+        self._check(q, self.q_weight, "q", "q_weight", seq_axis)
+        if k is not None:
+            self._check(k, self.k_weight, "k", "k_weight", seq_axis)
+
+    def _check(self, x: Any, weight: Any, arg: str, weight_arg: str, seq_axis: int) -> tuple[Any, int, int]:
+        """The namespace, head count and head axis of x, its weight's shape checked against them."""
         xp, _ = namespace_and_library((arg, x), (weight_arg, weight))
         heads, head_axis = _heads(x, arg, seq_axis, needed=self.across_heads or len(weight.shape) == 2)
         head_dim = x.shape[-1]
@@ -128,6 +136,11 @@ class QKNorm:
                 f"{weight_arg} has shape {tuple(weight.shape)}, but {arg} of shape {tuple(x.shape)} "
                 f"(seq_axis={seq_axis}) needs {wanted[len(weight.shape)]}"
             )
+        return xp, heads, head_axis
+
+    def _norm(self, x: Any, weight: Any, arg: str, weight_arg: str, seq_axis: int) -> Any:
+        xp, heads, head_axis = self._check(x, weight, arg, weight_arg, seq_axis)
+        head_dim = x.shape[-1]
         work = compute_dtype(xp, x.dtype)
         h = xp.astype(x, work)
         squares = (

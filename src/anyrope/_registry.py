@@ -16,16 +16,19 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any, TypeAlias
 
+from ._fusion import Fusion, PrologueJob
 from ._handle import Handle
 from ._job import Job, Kernel, KernelKey
-from ._kernels import REGISTRY
+from ._kernels import FUSIONS, REGISTRY
 from ._memo import Memo
 
 __all__ = [
     "Switch",
     "choose",
+    "choose_fusion",
     "current_switch",
     "fast_paths_enabled",
+    "fusion_libraries",
     "kernels",
     "prepare",
     "switch_now",
@@ -179,3 +182,31 @@ def prepare(jobs: tuple[Job, ...], switch: Switch, *, shared: bool) -> Any:
         return launch_q(x, out_x, source_x), launch_k(y, out_y, source_y)
 
     return apart
+
+
+def choose_fusion(job: PrologueJob, switch: Switch) -> tuple[Fusion | None, list[str]]:
+    """The fused prologue that takes ``job`` under ``switch`` (every one where it is True, the
+    one of a kernel's name, none where it is False or a stand-in), or None; and why each fusion
+    tried before it, or every one, did not take it."""
+    if switch is False or isinstance(switch, Kernel):
+        return None, [
+            "fast paths are off (use_fast_paths)" if switch is False else "a stand-in kernel is forced"
+        ]
+    why: list[str] = []
+    for fusion in FUSIONS:
+        if switch is not True and fusion.name != switch:
+            why.append(f"{fusion.name}: use_fast_paths({switch!r}) names another kernel")
+            continue
+        refused = fusion.why_not(job)
+        if refused is None:
+            return fusion, why
+        why.append(f"{fusion.name}: {refused}")
+    return None, why
+
+
+_FUSED_LIBRARIES = frozenset().union(*(fusion.libraries for fusion in FUSIONS))
+
+
+def fusion_libraries() -> frozenset[str]:
+    """The libraries some fused prologue takes: a call on any other is refused before its plan."""
+    return _FUSED_LIBRARIES

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from .._fusion import Fusion
 from .._job import ANY, SOURCES, Kernel
-from . import cupy_cuda, generic, mlx_compiled, numba_cpu, numpy_cpu, pair_words, triton_cuda
+from . import cupy_cuda, generic, mlx_compiled, numba_cpu, numba_prologue, numpy_cpu, pair_words, triton_cuda
 
-__all__ = ["REGISTRY"]
+__all__ = ["FUSIONS", "REGISTRY"]
 
 BOTH = frozenset({"half", "interleaved"})
 FLOATS = frozenset({"float32", "float64"})
@@ -178,5 +179,23 @@ REGISTRY: tuple[Kernel, ...] = (
         traceable=True,
         differentiable=True,
         prepare=generic.prepare,
+    ),
+)
+
+
+#: The fused attention prologues (see :mod:`anyrope._fusion`), in the order they are tried.
+FUSIONS: tuple[Fusion, ...] = (
+    Fusion(
+        name="numba",
+        summary="one parallel numba pass per call: each head of q and k normalised (the sum of "
+        "squares in NumPy's pairwise order), rotated at its table row, rounded where the steps "
+        "apart round, and k and v written into the cache at each token's place",
+        libraries=frozenset({"numpy", "torch"}),
+        devices=frozenset({"cpu"}),
+        dtypes=FLOATS | {"float16", "bfloat16"},
+        longest_head=numba_prologue.LONGEST_HEAD,
+        prepare=numba_prologue.prepare,
+        requires=("numba",),
+        refuses=numba_prologue.refuses,
     ),
 )

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["kernel", "on_one_thread"]
+__all__ = ["kernel", "on_one_thread", "prologue_kernel"]
 
 _lock = threading.Lock()
 _compiled: dict[str, Callable[..., None]] = {}
@@ -69,6 +69,27 @@ def kernel(name: str, storage: str = "float") -> Callable[..., None]:
                 _serial = _probe(built)
                 _compiled.update(built if not _serial else {k: _serialised(f) for k, f in built.items()})
     return _compiled[name if storage == "float" else f"{name}:{storage}"]
+
+
+_prologues: dict[tuple[str, str, int], Callable[..., None]] = {}
+
+
+def prologue_kernel(layout: str, storage: str, rounding: int) -> Callable[..., None]:
+    """The fused prologue's kernel (:mod:`._jit_prologue`) for one layout, storage and norm
+    rounding, built on first use, taken one call at a time where :func:`kernel` found that
+    numba's threading layer needs it."""
+    kernel(layout, storage)  # starts numba's pool once and learns its threading layer
+    key = (layout, storage, rounding)
+    found = _prologues.get(key)
+    if found is None:
+        with _lock:
+            if key not in _prologues:
+                from . import _jit, _jit_prologue
+
+                for name, fn in _jit_prologue.prologues(_jit.STORAGES[storage], rounding).items():
+                    _prologues[name, storage, rounding] = _serialised(fn) if _serial else fn
+        found = _prologues[key]
+    return found
 
 
 def _serialised(fn: Callable[..., None]) -> Callable[..., None]:

@@ -1,0 +1,194 @@
+"""The attention prologue's targets: the fused call over its steps apart, and over transformers.
+
+    python benchmarks/bench_prologue.py --out prologue.json
+    python benchmarks/bench_prologue.py --blocks 4 --out prologue.json   # fewer pairs of blocks
+
+Each row times ``anyrope.prologue(q, k, v, rope=, norm=, cache=, offset=)`` (QK-norm, RoPE and the
+KV-cache write; the fused kernel where one takes the call, as ``explain_prologue`` says) against
+one composition, both in this process, in alternating blocks (``bench_paired.alternate``), after
+checking that both compute the same q, k and cache:
+
+- x steps apart: anyrope's own steps, ``norm.q``, ``norm.k``, ``rope(q, k)``, then the cache rows
+  assigned by slicing (the cheapest write there is);
+- x transformers: transformers' composition, as its Qwen3 attention runs it: ``Qwen3RMSNorm`` on q
+  and k, ``apply_rotary_pos_emb`` with the step's cos and sin (formed once a step, outside the
+  timed call, as the model shares them across layers), and ``index_copy_`` into the cache, as
+  its static cache writes.
+
+Cases (float32, a contiguous ``(batch, kv_heads, 4096, head_dim)`` cache, offset 1000):
+decode, q 32x32x1x128 and k, v 32x8x1x128; prefill, q 1x32x2048x128 and k, v 1x8x2048x128 (GQA 8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench_paired import BLOCK_SECONDS, BLOCKS, alternate
+from rope_runtimes import make_runtime
+
+Record = dict[str, Any]
+HEAD_DIM, CACHE_ROWS, OFFSET, EPS = 128, 4096, 1000, 1e-6
+CASES = {"decode": (32, 32, 8, 1), "prefill": (1, 32, 8, 2048)}  # batch, heads, kv heads, tokens
+
+
+@dataclass(frozen=True)
+class Row:
+    measure: str
+    backend: str
+    case: str
+    target: float
+
+
+# Every row, in the table's order, with its target: the one place the targets are written.
+ROWS = {
+    "prologue/numpy/decode": Row("x steps apart", "numpy", "decode", 0.6),
+    "prologue/numpy/prefill": Row("x steps apart", "numpy", "prefill", 0.6),
+    "prologue/torch/decode": Row("x steps apart", "torch", "decode", 0.6),
+    "prologue/torch/prefill": Row("x steps apart", "torch", "prefill", 0.6),
+    "prologue-hf/torch/decode": Row("x transformers", "torch", "decode", 0.5),
+    "prologue-hf/torch/prefill": Row("x transformers", "torch", "prefill", 0.5),
+}
+
+
+def _arrays(library: str, case: str) -> dict[str, Any]:
+    np = importlib.import_module("numpy")
+    batch, heads, kv_heads, tokens = CASES[case]
+    rng = np.random.default_rng(0)
+    made = {
+        "q": rng.standard_normal((batch, heads, tokens, HEAD_DIM), dtype=np.float32),
+        "k": rng.standard_normal((batch, kv_heads, tokens, HEAD_DIM), dtype=np.float32),
+        "v": rng.standard_normal((batch, kv_heads, tokens, HEAD_DIM), dtype=np.float32),
+        "q_weight": (1 + 0.1 * rng.standard_normal(HEAD_DIM)).astype(np.float32),
+        "k_weight": (1 + 0.1 * rng.standard_normal(HEAD_DIM)).astype(np.float32),
+    }
+    if library == "torch":
+        torch = importlib.import_module("torch")
+        made = {name: torch.from_numpy(value) for name, value in made.items()}
+    return made
+
+
+def _cache(library: str, case: str) -> Any:
+    import anyrope
+
+    np = importlib.import_module("numpy")
+    batch, _, kv_heads, _ = CASES[case]
+    shape = (batch, kv_heads, CACHE_ROWS, HEAD_DIM)
+    if library == "torch":
+        torch = importlib.import_module("torch")
+        return anyrope.KVCache(torch.zeros(shape), torch.zeros(shape))
+    return anyrope.KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+
+
+def _same(name: str, got: Any, want: Any, atol: float) -> None:
+    """Refuse to time two calls that do not compute the same: bit for bit (``atol`` 0), or within
+    ``atol`` (transformers forms its angles in float32: a few 1e-4 apart at positions near 1000)."""
+    np = importlib.import_module("numpy")
+    for a, b in zip(got, want, strict=True):
+        worst = float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+        if not worst <= atol:
+            raise RuntimeError(f"{name}: the prologue and what it is timed against differ by {worst:.3g}")
+
+
+def measure_row(name: str, blocks: int, block_s: float) -> Record:
+    import anyrope
+
+    row = ROWS[name]
+    try:
+        runtime = make_runtime(row.backend)
+    except ImportError as error:
+        return {"id": name, "status": "skipped", "detail": str(error)}
+    arrays = _arrays(row.backend, row.case)
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    rope = anyrope.RoPE(HEAD_DIM)
+    norm = anyrope.QKNorm(arrays["q_weight"], arrays["k_weight"], eps=EPS)
+    fused_cache, other_cache = _cache(row.backend, row.case), _cache(row.backend, row.case)
+    tokens = CASES[row.case][3]
+
+    def fused() -> Any:
+        return anyrope.prologue(q, k, v, rope=rope, norm=norm, cache=fused_cache, offset=OFFSET)
+
+    if row.measure == "x steps apart":
+
+        def other() -> Any:
+            rotated_q, rotated_k = rope(norm.q(q), norm.k(k), offset=OFFSET)
+            other_cache.k[:, :, OFFSET : OFFSET + tokens] = rotated_k
+            other_cache.v[:, :, OFFSET : OFFSET + tokens] = v
+            return rotated_q, rotated_k
+
+    else:
+        other = _transformers(arrays, other_cache, tokens)
+    with runtime.scope():
+        out = fused()
+        atol = 0.0 if row.measure == "x steps apart" else 2e-3
+        _same(name, (out.q, out.k), other(), atol)
+        _same(name, (fused_cache.k, fused_cache.v), (other_cache.k, other_cache.v), atol)
+        said = anyrope.explain_prologue(q, k, v, rope=rope, norm=norm, cache=fused_cache, offset=OFFSET)
+        timed = alternate(fused, other, lambda call, loops: runtime.time_loops(call, runtime.finish, loops),
+                          blocks, block_s)  # fmt: skip
+    return {
+        "id": name, "status": "ok", "measure": row.measure, "backend": row.backend, "case": row.case,
+        "target": row.target, "held": timed["ratio"] <= row.target, "path": said.split(" (")[0],
+        "us": timed["median_s"] * 1e6, "over_us": timed["over_median_s"] * 1e6, **timed,
+    }  # fmt: skip
+
+
+def _transformers(arrays: dict[str, Any], cache: Any, tokens: int) -> Any:
+    """transformers' Qwen3 composition: its RMSNorm modules, apply_rotary_pos_emb, index_copy_."""
+    torch = importlib.import_module("torch")
+    qwen3 = importlib.import_module("transformers.models.qwen3.modeling_qwen3")
+    config = qwen3.Qwen3Config(
+        hidden_size=32 * HEAD_DIM, num_attention_heads=32, num_key_value_heads=8, head_dim=HEAD_DIM,
+        rms_norm_eps=EPS, max_position_embeddings=8192, rope_theta=10000.0,
+    )  # fmt: skip
+    q_norm, k_norm = qwen3.Qwen3RMSNorm(HEAD_DIM, eps=EPS), qwen3.Qwen3RMSNorm(HEAD_DIM, eps=EPS)
+    with torch.no_grad():
+        q_norm.weight.copy_(arrays["q_weight"])
+        k_norm.weight.copy_(arrays["k_weight"])
+    positions = torch.arange(OFFSET, OFFSET + tokens)
+    cos, sin = qwen3.Qwen3RotaryEmbedding(config=config)(arrays["q"], positions[None, :])
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+
+    def step() -> Any:
+        with torch.no_grad():
+            rotated_q, rotated_k = qwen3.apply_rotary_pos_emb(q_norm(q), k_norm(k), cos, sin)
+            cache.k.index_copy_(2, positions, rotated_k)
+            cache.v.index_copy_(2, positions, v)
+        return rotated_q, rotated_k
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/bench_prologue.py", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--blocks", type=int, default=BLOCKS, help="pairs of blocks a ratio (default: %(default)s)"
+    )
+    parser.add_argument("--block-seconds", type=float, default=BLOCK_SECONDS, help="default: %(default)s")
+    parser.add_argument("--out", type=Path, required=True, help="the record, as JSON")
+    args = parser.parse_args(argv)
+    rows = []
+    for name in ROWS:
+        try:
+            rows.append(measure_row(name, args.blocks, args.block_seconds))
+        except Exception as error:  # noqa: BLE001 - a failure costs its row, not the others'
+            rows.append({"id": name, "status": "error", "detail": f"{type(error).__name__}: {error}"[:200]})
+        row = rows[-1]
+        if row["status"] == "ok":
+            print(f"{name}: {row['ratio']:.2f} ({row['ratio_p25']:.2f}-{row['ratio_p75']:.2f}) "
+                  f"{row['us']:.0f} us over {row['over_us']:.0f} us, target {row['target']}, {row['path']}")  # fmt: skip
+        else:
+            print(f"{name}: {row['status']} ({row.get('detail', '')})")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
