@@ -188,13 +188,35 @@ def places(
             f"cache_index of shape {tuple(found.shape)} would send every row of k to the same slots: give (batch, seq)"
         )
     host = host_array(xp, found, is_traced(xp, found))
-    if host is not None and host.size and int(host.max()) >= cache.places:
+    if host is not None and host.size:
+        _check_reach(cache, int(host.max()), arg)
+    return found, host
+
+
+def host_places(
+    cache: KVCache, xp: Any, k: Any, seq_axis: int, cache_index: Any, positions: Any, offset: Any,
+    multi_axis: bool,
+) -> Any:  # fmt: skip
+    """:func:`places`' host copy alone, for a call on the host whose arguments were checked but
+    for their values (a kept plan's): where an int offset alone gives a contiguous cache's rows
+    (every decode step's form), made and checked on the host without an array of k's library."""
+    if cache_index is None and positions is None and type(offset) is int and not cache.paged and not multi_axis:
+        import numpy as np  # the arrays are on the host: NumPy's or CPU tensors, which read as NumPy's
+
+        seq = k.shape[-2 if seq_axis == -2 else -3]
+        if seq:
+            _check_reach(cache, offset + seq - 1, "offset")
+        return np.arange(offset, offset + seq, dtype=np.int64)[None, :]
+    return places(cache, xp, k, seq_axis, cache_index, positions, offset, multi_axis)[1]
+
+
+def _check_reach(cache: KVCache, last: int, arg: str) -> None:
+    if last >= cache.places:
         where = "slots" if cache.paged else "rows"
         raise ValueError(
-            f"{arg} reaches {int(host.max())}, past the cache's {cache.places} {where} ({_axes(cache.layout)}); "
+            f"{arg} reaches {last}, past the cache's {cache.places} {where} ({_axes(cache.layout)}); "
             "nothing was written"
         )
-    return found, host
 
 
 def _integers(xp: Any, k: Any, value: Any, device: Any, arg: str) -> Any:
