@@ -24,6 +24,7 @@ decode, q 32x32x1x128 and k, v 32x8x1x128; prefill, q 1x32x2048x128 and k, v 1x8
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 from dataclasses import dataclass
@@ -213,6 +214,26 @@ def _transformers(arrays: dict[str, Any], cache: Any, tokens: int) -> Any:
     return step
 
 
+def _machine() -> Record:
+    """Where the rows were timed: the platform, the CPU, Python and the libraries' versions."""
+    import importlib.metadata
+    import os
+    import platform
+
+    versions = {}
+    for dist in ("anyrope", "numpy", "numba", "torch", "mlx", "transformers"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):  # Linux names the model here; platform.processor() often not
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+    return {
+        "platform": platform.platform(), "cpu_model_name": cpu, "cpu_count": os.cpu_count(),
+        "python_version": platform.python_version(), "versions": versions,
+    }  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="benchmarks/bench_prologue.py", description=__doc__.split("\n\n")[0]
@@ -239,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{name}: {row['status']} ({row.get('detail', '')})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"status": "ok", "blocks": args.blocks, "block_s": args.block_seconds, "rows": rows}
+    record = {
+        "status": "ok", "blocks": args.blocks, "block_s": args.block_seconds, "machine": _machine(),
+        "rows": rows,
+    }  # fmt: skip
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"prologue: {verdict(rows, held)}")
     return 0

@@ -216,7 +216,8 @@ def host_places(
     """:func:`places`' host copy alone, for a call on the host whose arguments were checked but
     for their values (a kept plan's): where an int offset alone gives a contiguous cache's rows
     (every decode step's form), made and checked on the host without an array of k's library."""
-    if cache_index is None and positions is None and type(offset) is int and not cache.paged and not multi_axis:
+    offset_alone = cache_index is None and positions is None and type(offset) is int
+    if offset_alone and not cache.paged and not multi_axis:
         seq = k.shape[-2 if seq_axis == -2 else -3]
         if seq:
             _check_reach(cache, offset + seq - 1, "offset")

@@ -94,7 +94,9 @@ def prologue(
         host = None
         if cache is not None:
             multi = rope.streams > 1
-            host = _kvcache.host_places(cache, plan.ctx.xp, k, seq_axis, cache_index, positions, offset, multi)
+            host = _kvcache.host_places(
+                cache, plan.ctx.xp, k, seq_axis, cache_index, positions, offset, multi
+            )
         if cache is None or host is not None:
             q, k = launch(q, k, v, norm, cache, host, plan.source(rotary, positions, offset))
             return Prologue(q, k, v, cache)
