@@ -113,10 +113,10 @@ def shown(row: Record) -> str:
     return f"{row['ratio']:.2f} ({row['ratio_p25']:.2f}-{row['ratio_p75']:.2f})"
 
 
-def verdict(rows: list[Record]) -> str:
-    """How many measured rows held their targets, and which missed."""
+def verdict(rows: list[Record], within: Callable[[Record], bool | None] = held) -> str:
+    """How many measured rows held their targets (``within``: whether a row did), and which missed."""
     ran = [row for row in rows if row.get("status") == "ok"]
-    missed = [row["id"] for row in ran if not held(row)]
+    missed = [row["id"] for row in ran if not within(row)]
     text = f"{len(ran) - len(missed)} of {len(ran)} measured rows held their targets"
     return text + (f"; missed: {', '.join(missed)}" if missed else "")
 

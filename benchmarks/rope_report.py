@@ -3,7 +3,8 @@
     python benchmarks/rope_report.py bench-results
 
 Reads ``DIR/run.json`` (what benchmarks/run.py planned, skipped and saw fail), the pyperf
-files under ``DIR/pyperf/`` and ``DIR/overhead.json`` (the call-overhead table); writes ``DIR/bench.json`` (the summary the docs plot reads, no
+files under ``DIR/pyperf/``, ``DIR/overhead.json`` (the call-overhead table) and
+``DIR/prologue.json`` (the attention prologue's table); writes ``DIR/bench.json`` (the summary the docs plot reads, no
 pyperf needed), ``DIR/bench.txt`` and ``DIR/bench.png``. ``python -m pyperf compare_to`` on two
 runs' pyperf files compares them benchmark by benchmark.
 """
@@ -18,6 +19,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+import bench_prologue
 
 import rope_cases
 from bench_overhead import NOTES as OVERHEAD_NOTES
@@ -154,16 +157,28 @@ def overhead(out: Path) -> Record:
     """``DIR/overhead.json``: bench_overhead.py's record, each row with its target and whether it
     held (None: not measured), or the error or skip that benchmarks/run.py wrote in its place; or a
     record saying that there is none."""
-    path = out / "overhead.json"
-    if not path.exists():
-        return {
-            "status": "skipped",
-            "detail": f"no {path} (benchmarks/run.py writes it unless --no-overhead)",
-        }
-    record: Record = json.loads(path.read_text())
+    record = _table_record(out / "overhead.json", "--no-overhead")
     if "rows" in record:
         record["rows"] = [{**r, "target": ROWS[r["id"]].target, "held": held(r)} for r in record["rows"]]
     return record
+
+
+def prologue(out: Path) -> Record:
+    """``DIR/prologue.json``: bench_prologue.py's record, each row with its target and whether it
+    held, or what benchmarks/run.py wrote in its place; or a record saying that there is none."""
+    record = _table_record(out / "prologue.json", "--no-prologue")
+    if "rows" in record:
+        targets = bench_prologue.ROWS
+        record["rows"] = [
+            {**r, "target": targets[r["id"]].target, "held": bench_prologue.held(r)} for r in record["rows"]
+        ]
+    return record
+
+
+def _table_record(path: Path, option: str) -> Record:
+    if not path.exists():
+        return {"status": "skipped", "detail": f"no {path} (benchmarks/run.py writes it unless {option})"}
+    return dict(json.loads(path.read_text()))
 
 
 def summarize(out: Path) -> Record:
@@ -182,6 +197,7 @@ def summarize(out: Path) -> Record:
         + run["first_call_failed"],
         "paired": run.get("paired", []),
         "overhead": overhead(out),
+        "prologue": prologue(out),
     }
 
 
@@ -289,30 +305,45 @@ def _paired_row(r: Record) -> list[str]:
 
 
 OVERHEAD_COLUMNS = ("measure", "backend", "call", "value (q1-q3)", "target", "us", "over us", "per")
-
-
-def _overhead_row(r: Record) -> list[str]:
-    mark = {True: " held", False: " missed", None: ""}[r.get("held")]
-    timed = [f"{r['us']:.2f}", f"{r['over_us']:.2f}", r["per"]] if "us" in r else ["", "", ""]
-    return [r["measure"], r["backend"], r["call"], shown(r), f"<= {r['target']:g}{mark}", *timed]
+PROLOGUE_COLUMNS = ("measure", "backend", "case", "value (q1-q3)", "target", "us", "over us", "path")
 
 
 def overhead_lines(record: Record) -> list[str]:
     """The "call overhead" table of bench_overhead.py's record, what it means, and what did not run."""
-    lines = ["call overhead"]
+    return _table_lines("call overhead", record, OVERHEAD_COLUMNS, OVERHEAD_NOTES, verdict, digits=2)
+
+
+def prologue_lines(record: Record) -> list[str]:
+    """The "attention prologue" table of bench_prologue.py's record, what it means, what did not run."""
+
+    def said(rows: list[Record]) -> str:
+        return verdict(rows, bench_prologue.held)
+
+    return _table_lines("attention prologue", record, PROLOGUE_COLUMNS, bench_prologue.NOTES, said, digits=0)
+
+
+def _table_lines(
+    title: str, record: Record, heads: Sequence[str], notes: Iterable[str], said: Any, *, digits: int
+) -> list[str]:
+    """A table of rows with targets (``heads``: the columns, the third and last named by the rows'
+    fields), its notes and verdict, then each row that did not run and why."""
+    lines = [title]
     if record.get("status") != "ok":
-        return [*lines, f"call overhead: {record.get('status')} ({record.get('detail', '')})"]
-    rows = record["rows"]
-    numeric = ("value (q1-q3)", "us", "over us")
-    lines += columns(OVERHEAD_COLUMNS, [_overhead_row(r) for r in rows], numeric, 1)
-    lines += [
-        "",
-        *OVERHEAD_NOTES,
-        f"call overhead: {record['blocks']} pairs of blocks a ratio; {verdict(rows)}",
-    ]
+        return [*lines, f"{title}: {record.get('status')} ({record.get('detail', '')})"]
+    rows, named, last = record["rows"], heads[2], heads[-1]
+
+    def cells(r: Record) -> list[str]:
+        mark = {True: " held", False: " missed", None: ""}[r.get("held")]
+        timed = (
+            [f"{r['us']:.{digits}f}", f"{r['over_us']:.{digits}f}", r[last]] if "us" in r else ["", "", ""]
+        )
+        return [r["measure"], r["backend"], r[named], shown(r), f"<= {r['target']:g}{mark}", *timed]
+
+    lines += columns(heads, [cells(r) for r in rows], ("value (q1-q3)", "us", "over us"), 1)
+    lines += ["", *notes, f"{title}: {record['blocks']} pairs of blocks a ratio; {said(rows)}"]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"call overhead {r['backend']} {r['call']}: {r['status']} ({r.get('detail', '')})")
+            lines.append(f"{title} {r['backend']} {r[named]}: {r['status']} ({r.get('detail', '')})")
     return lines
 
 
@@ -330,6 +361,8 @@ def format_table(summary: Record) -> str:
     lines += ["", *notes(summary)]
     if "overhead" in summary:  # summaries written before it have none
         lines += ["", *overhead_lines(summary["overhead"])]
+    if "prologue" in summary:  # nor this one
+        lines += ["", *prologue_lines(summary["prologue"])]
     return "\n".join(lines)
 
 

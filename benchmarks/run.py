@@ -19,7 +19,9 @@ in one process of their own (bench_paired.py, alternating blocks; ``OUT/paired/`
 anyrope's own paths can differ by less than a process's spread, which this ratio resolves.
 Then bench_overhead.py measures what a call costs beside its arithmetic (Python calls per call,
 tiny calls over NumPy's formula, a decode step over transformers'), in one fresh process of its
-own: ``OUT/overhead.json``, the report's "call overhead" table (``--no-overhead`` leaves it out).
+own: ``OUT/overhead.json``, the report's "call overhead" table (``--no-overhead`` leaves it out);
+then bench_prologue.py the attention prologue's rows, fused over its steps apart and over
+transformers: ``OUT/prologue.json``, the "attention prologue" table (``--no-prologue``).
 Where an NVIDIA GPU is found, bench_gpu.py follows (its own process, CUDA-event timings, the GPU
 peers): ``OUT/gpu.md`` and ``OUT/gpu.json``.
 """
@@ -74,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--no-overhead", action="store_true", help="do not run bench_overhead.py (the call-overhead table)"
+    )
+    parser.add_argument(
+        "--no-prologue", action="store_true", help="do not run bench_prologue.py (the prologue table)"
     )
     parser.add_argument(
         "--first-call-processes", type=int, default=5, metavar="N", help="fresh processes per first call"
@@ -140,10 +145,20 @@ def run_paired(plan: Sequence[rope_cases.Bench], size: str, blocks: int, out: Pa
 def run_overhead(blocks: int, out: Path) -> dict[str, Any]:
     """bench_overhead.py in a fresh process: its record, or an error record whose detail says why
     (written to ``OUT/overhead.json`` in its place)."""
-    path = out / "overhead.json"
-    print("[overhead] ", end="", flush=True)
+    return _run_table("bench_overhead.py", "overhead", blocks, out)
+
+
+def run_prologue(blocks: int, out: Path) -> dict[str, Any]:
+    """bench_prologue.py in a fresh process: its record (``OUT/prologue.json``), or an error record
+    whose detail says why, written there in its place."""
+    return _run_table("bench_prologue.py", "prologue", blocks, out)
+
+
+def _run_table(script: str, name: str, blocks: int, out: Path) -> dict[str, Any]:
+    path = out / f"{name}.json"
+    print(f"[{name}] ", end="", flush=True)
     argv = ["--blocks", str(blocks), "--out", str(path)]
-    why = _script("bench_overhead.py", "overhead", argv, out / "logs" / "overhead.log")
+    why = _script(script, name, argv, out / "logs" / f"{name}.log")
     if not why:
         return dict(json.loads(path.read_text()))
     record = {"status": "error", "detail": why}
@@ -188,7 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "pyperf").mkdir(parents=True, exist_ok=True)
     # --append would mix this run with the last; a paired or overhead file left over would pass
     # for this run's
-    for old in [*(out / "pyperf").glob("*.json"), *(out / "paired").glob("*.json"), out / "overhead.json"]:
+    tables = [out / "overhead.json", out / "prologue.json"]
+    for old in [*(out / "pyperf").glob("*.json"), *(out / "paired").glob("*.json"), *tables]:
         old.unlink(missing_ok=True)
     plan = bench_rope.chosen(args)
     not_timed: list[dict[str, Any]] = []
@@ -253,11 +269,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 first_failed.append(
                     {"backend": backend, "variant": variant, "status": "error", "detail": why}
                 )
+    table_blocks = QUICK_BLOCKS if args.quick else bench_paired.BLOCKS
     if args.no_overhead:
         overhead = {"status": "skipped", "detail": "--no-overhead"}
         (out / "overhead.json").write_text(json.dumps(overhead, indent=1) + "\n")
     else:
-        overhead = run_overhead(QUICK_BLOCKS if args.quick else bench_paired.BLOCKS, out)
+        overhead = run_overhead(table_blocks, out)
+    if args.no_prologue:
+        prologue = {"status": "skipped", "detail": "--no-prologue"}
+        (out / "prologue.json").write_text(json.dumps(prologue, indent=1) + "\n")
+    else:
+        prologue = run_prologue(table_blocks, out)
     if rope_cases.has_nvidia_gpu() and not args.no_gpu:  # the GPU table: one process, CUDA events
         gpu = subprocess.run([sys.executable, str(HERE / "bench_gpu.py"), "--out", str(out)], check=False)
         if gpu.returncode:
@@ -270,12 +292,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "failed_later_rounds": later,
         "paired": paired,
         "overhead": overhead,
+        "prologue": prologue,
     }
     (out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
     status = rope_report.main([str(out)])
-    overhead_rows = [overhead, *overhead.get("rows", [])]
+    table_rows = [overhead, *overhead.get("rows", []), prologue, *prologue.get("rows", [])]
     failures = (
-        [r for r in [*not_timed, *paired, *overhead_rows] if r["status"] == "error"] + first_failed + later
+        [r for r in [*not_timed, *paired, *table_rows] if r["status"] == "error"] + first_failed + later
     )
     if failures:
         print(f"{len(failures)} benchmark(s) failed; see the notes above and {out / 'logs'}", file=sys.stderr)

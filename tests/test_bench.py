@@ -593,6 +593,62 @@ def test_run_overhead_records_why_it_failed(tmp_path: Path, monkeypatch: pytest.
     assert (tmp_path / "logs" / "overhead.log").exists()
 
 
+def _prologue_record() -> dict[str, Any]:
+    timed = {"ratio_p25": 0.2, "ratio": 0.21, "ratio_p75": 0.23, "us": 106.0, "over_us": 500.0}
+    rows = [
+        {"id": "prologue/numpy/decode", "status": "ok", "measure": "x steps apart", "backend": "numpy",
+         "case": "decode", "path": "fused: numba", **timed},
+        {"id": "prologue/torch/decode", "status": "ok", "measure": "x steps apart", "backend": "torch",
+         "case": "decode", "path": "fused: numba", **timed, "ratio": 0.7, "ratio_p75": 0.72},
+        {"id": "prologue-hf/torch/decode", "status": "skipped", "measure": "x transformers",
+         "backend": "torch", "case": "decode", "detail": "transformers is not installed"},
+    ]  # fmt: skip
+    return {"status": "ok", "blocks": 2, "block_s": 0.25, "rows": rows}
+
+
+def test_report_has_the_prologue_table(tmp_path: Path) -> None:
+    """The prologue's rows with their targets (bench_prologue.ROWS), held or missed, and the verdict."""
+    (tmp_path / "prologue.json").write_text(json.dumps(_prologue_record()))
+    record = rope_report.prologue(tmp_path)
+    rows = {r["id"]: r for r in record["rows"]}
+    assert (rows["prologue/numpy/decode"]["target"], rows["prologue/numpy/decode"]["held"]) == (0.6, True)
+    assert rows["prologue/torch/decode"]["held"] is False
+    assert rows["prologue-hf/torch/decode"]["held"] is None
+    lines = rope_report.format_table({**_summary(), "prologue": record}).splitlines()
+    at = lines.index("attention prologue")
+    assert lines[at + 1].split()[:4] == ["measure", "backend", "case", "value"]
+    numpy_row = next(line for line in lines[at:] if line.split()[3:5] == ["numpy", "decode"])
+    assert numpy_row.split()[-9:] == [
+        "0.21",
+        "(0.20-0.23)",
+        "<=",
+        "0.6",
+        "held",
+        "106",
+        "500",
+        "fused:",
+        "numba",
+    ]
+    table = "\n".join(lines[at:])
+    said = "1 of 2 measured rows held their targets; missed: prologue/torch/decode"
+    assert f"attention prologue: 2 pairs of blocks a ratio; {said}" in table
+    assert "attention prologue torch decode: skipped (transformers is not installed)" in table
+    missing = rope_report.prologue(tmp_path / "none")
+    assert rope_report.prologue_lines(missing)[-1].endswith(
+        "(benchmarks/run.py writes it unless --no-prologue))"
+    )
+
+
+def test_run_prologue_records_why_it_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_prologue.py runs in a process of its own; when it fails, prologue.json holds why."""
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    record = run.run_prologue(0, tmp_path)
+    assert record["status"] == "error"
+    assert record["detail"].startswith("ValueError: --blocks must be at least 1, got 0 (log: ")
+    assert json.loads((tmp_path / "prologue.json").read_text()) == record
+    assert (tmp_path / "logs" / "prologue.log").exists()
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [
@@ -617,7 +673,7 @@ def numpy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     argv = [
         sys.executable, str(ROOT / "benchmarks" / "run.py"), "--out", str(out), "--size", "tiny",
         "--backend", "numpy", "--shape", "small", "--dtype", "float32", "--first-call-processes", "1",
-        "--no-overhead", "--", "--debug-single-value",
+        "--no-overhead", "--no-prologue", "--", "--debug-single-value",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, env=_env(), check=False, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -639,6 +695,7 @@ def test_run_writes_pyperf_files_and_the_summary(numpy_run: Path) -> None:
     assert summary["paired"] == []  # numpy has no pair
     assert summary["overhead"] == {"status": "skipped", "detail": "--no-overhead"}
     assert json.loads((numpy_run / "run.json").read_text())["overhead"] == summary["overhead"]
+    assert summary["prologue"] == {"status": "skipped", "detail": "--no-prologue"}
     assert "hostname" not in summary["machine"]
     rows = {(r["layout"], r["variant"]): r for r in summary["results"]}
     assert len(rows) == len(names)
@@ -668,7 +725,10 @@ def test_run_prints_the_table(numpy_run: Path) -> None:
     assert "numpy: copy = x.copy(); x ref against numpy-formula" in table
     assert "small: (batch, heads, seq, head_dim) = (1, 2, 4, 64)" in table
     assert any(line.split()[:2] == ["numpy", "anyrope"] for line in table.splitlines())  # first calls
-    assert table.endswith("call overhead\ncall overhead: skipped (--no-overhead)\n")
+    assert table.endswith(
+        "call overhead\ncall overhead: skipped (--no-overhead)\n\n"
+        "attention prologue\nattention prologue: skipped (--no-prologue)\n"
+    )
 
 
 def test_failure_costs_one_row(tmp_path: Path) -> None:

@@ -208,7 +208,7 @@ def _expected_cache(layout: str, k: np.ndarray, places: np.ndarray, dim: int) ->
     return out
 
 
-@pytest.mark.parametrize("given", ["positions", "cache_index", "nothing written"])
+@pytest.mark.parametrize("given", ["positions", "offset", "cache_index", "nothing written"])
 @pytest.mark.parametrize("layout", list(CACHES))
 def test_prologue_writes_the_cache(backend: Backend, mode: str, layout: str, given: str) -> None:
     """Every token's rotated k and its v land at its place (its position, or cache_index; paged
@@ -217,7 +217,7 @@ def test_prologue_writes_the_cache(backend: Backend, mode: str, layout: str, giv
     if backend.name not in WRITERS:
         pytest.skip(f"{backend.name} arrays are not written by index (test_cache_names_bad_input)")
     paged = layout.startswith("paged")
-    if given == "positions" and paged:
+    if given in ("positions", "offset") and paged:
         pytest.skip("a paged cache is addressed by cache_index")
     rope = anyrope.RoPE(HEAD_DIM, rotary_dim=12)
     dtype = "float32"
@@ -225,17 +225,23 @@ def test_prologue_writes_the_cache(backend: Backend, mode: str, layout: str, giv
     k = backend.asarray(RNG.standard_normal(_shape(KV_HEADS, -2)), dtype)
     v = backend.asarray(RNG.standard_normal((2, KV_HEADS, SEQ, 6)), dtype)
     positions = np.array([[3, 4, 5, 6, 7], [6, 7, 8, 9, 10]])
+    offset = 4  # every row's tokens to rows 4, 5, ...: the write by slicing, where the host knows it
+    if given == "offset":
+        positions = np.broadcast_to(offset + np.arange(SEQ), (2, SEQ))
     places = {
-        "positions": positions, "cache_index": np.array(PLACES["slots" if paged else "rows"]),
+        "positions": positions, "offset": positions, "cache_index": np.array(PLACES["slots" if paged else "rows"]),
         "nothing written": np.full((2, SEQ), -1),
     }[given]  # fmt: skip
-    index = None if given == "positions" else backend.asarray(places)
+    index = None if given in ("positions", "offset") else backend.asarray(places)
     k_cache = backend.asarray(np.full(CACHES[layout], CANARY), dtype)
     v_cache = backend.asarray(np.full((*CACHES[layout][:-1], 6), CANARY), dtype)
 
     def call(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, index: Any, positions: Any) -> Any:
         cache = anyrope.KVCache(k_cache, v_cache, layout=layout)
-        out = anyrope.prologue(q, k, v, rope=rope, positions=positions, cache=cache, cache_index=index)
+        if given == "offset":
+            out = anyrope.prologue(q, k, v, rope=rope, offset=offset, cache=cache)
+        else:
+            out = anyrope.prologue(q, k, v, rope=rope, positions=positions, cache=cache, cache_index=index)
         return out.k, out.cache.k, out.cache.v
 
     called = backend.compile(call, mode)

@@ -232,3 +232,29 @@ def test_a_kept_call_does_only_its_values_work(backend: Backend, monkeypatch: py
     with pytest.raises(ValueError, match="past the cache"):
         anyrope.prologue(q, k, v, rope=rope, norm=norm, cache=fused, offset=1, cache_index=past)
     np.testing.assert_array_equal(backend.to_numpy(fused.k), before)
+
+
+def test_kept_decode_steps_write_their_offsets_rows(backend: Backend) -> None:
+    """The decode form (an int offset alone, a contiguous cache): kept calls write row ``offset``
+    as the steps apart do, a negative offset's rows are skipped, and an offset past the cache is
+    refused with nothing written."""
+    rope = anyrope.RoPE(64)
+    weight = _array(backend, 1 + 0.1 * RNG.standard_normal(64), "float32")
+    norm = anyrope.QKNorm(weight, weight)
+    fused, steps = _cache(backend, "bshd", "float32", 64), _cache(backend, "bshd", "float32", 64)
+    for offset in (3, 4, -1, MAX_ROWS - 1):
+        q, k, v = (
+            _array(backend, RNG.standard_normal((BATCH, 1, heads, 64)), "float32")
+            for heads in (HEADS, KV_HEADS, KV_HEADS)
+        )
+        got = anyrope.prologue(q, k, v, rope=rope, norm=norm, cache=fused, offset=offset, seq_axis=-3)
+        with anyrope.use_fast_paths(False):
+            want = anyrope.prologue(q, k, v, rope=rope, norm=norm, cache=steps, offset=offset, seq_axis=-3)
+        np.testing.assert_array_equal(backend.to_numpy(got.k), backend.to_numpy(want.k))
+        np.testing.assert_array_equal(backend.to_numpy(fused.k), backend.to_numpy(steps.k))
+        np.testing.assert_array_equal(backend.to_numpy(fused.v), backend.to_numpy(steps.v))
+    assert (backend.to_numpy(fused.k)[:, [0, 1, 2, 5]] == CANARY).all()
+    before = backend.to_numpy(fused.k).copy()
+    with pytest.raises(ValueError, match=f"offset reaches {MAX_ROWS}, past the cache"):
+        anyrope.prologue(q, k, v, rope=rope, norm=norm, cache=fused, offset=MAX_ROWS, seq_axis=-3)
+    np.testing.assert_array_equal(backend.to_numpy(fused.k), before)

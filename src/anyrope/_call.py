@@ -88,8 +88,7 @@ def rope_source(
     key = signature(q, k, positions, offset, seq_axis, False, False)
     plan = None if key is None else rotary.plans.find(key)
     if plan is not None and plan.values is not None:
-        spec = plan.values(positions, offset)
-        return plan, PositionTables(rotary, plan.ctx, spec, plan.seq, plan.facts)
+        return plan, plan.source(rotary, positions, offset)
     return make_plan(rotary, q, k, positions, offset, seq_axis, False, False, keep=key)
 
 

@@ -159,6 +159,7 @@ def places(
     None), checked there against the cache's size."""
     batch, seq = k.shape[0], k.shape[-2 if seq_axis == -2 else -3]
     device = device_of(xp, k)
+    whole = False
     if cache_index is not None:
         found, arg = _integers(xp, k, cache_index, device, "cache_index"), "cache_index"
     elif cache.paged:
@@ -187,14 +188,50 @@ def places(
         raise ValueError(
             f"cache_index of shape {tuple(found.shape)} would send every row of k to the same slots: give (batch, seq)"
         )
-    host = host_array(xp, found, is_traced(xp, found))
-    if host is not None and host.size and int(host.max()) >= cache.places:
+    traced = is_traced(xp, found)
+    host = host_array(xp, found, traced)
+    if host is None and whole and not traced and library_name(xp) in _WRITTEN_IN_PLACE:
+        host = _offset_rows(int(offset), seq)
+    if host is not None and host.size:
+        _check_reach(cache, int(host.max()), arg)
+    return found, host
+
+
+# The libraries whose caches are written in place: for them an int offset's rows, which are
+# host values whatever device holds k, take the write that reads nothing of the cache (with a
+# read in its graph, MLX cannot update the cache's buffer in place and copies all of it).
+_WRITTEN_IN_PLACE = frozenset({"numpy", "torch", "mlx", "cupy"})
+
+
+def _offset_rows(offset: int, seq: int) -> Any:
+    import numpy as np  # host values: every library here reads NumPy's
+
+    return np.arange(offset, offset + seq, dtype=np.int64)[None, :]
+
+
+def host_places(
+    cache: KVCache, xp: Any, k: Any, seq_axis: int, cache_index: Any, positions: Any, offset: Any,
+    multi_axis: bool,
+) -> Any:  # fmt: skip
+    """:func:`places`' host copy alone, for a call on the host whose arguments were checked but
+    for their values (a kept plan's): where an int offset alone gives a contiguous cache's rows
+    (every decode step's form), made and checked on the host without an array of k's library."""
+    offset_alone = cache_index is None and positions is None and type(offset) is int
+    if offset_alone and not cache.paged and not multi_axis:
+        seq = k.shape[-2 if seq_axis == -2 else -3]
+        if seq:
+            _check_reach(cache, offset + seq - 1, "offset")
+        return _offset_rows(offset, seq)
+    return places(cache, xp, k, seq_axis, cache_index, positions, offset, multi_axis)[1]
+
+
+def _check_reach(cache: KVCache, last: int, arg: str) -> None:
+    if last >= cache.places:
         where = "slots" if cache.paged else "rows"
         raise ValueError(
-            f"{arg} reaches {int(host.max())}, past the cache's {cache.places} {where} ({_axes(cache.layout)}); "
+            f"{arg} reaches {last}, past the cache's {cache.places} {where} ({_axes(cache.layout)}); "
             "nothing was written"
         )
-    return found, host
 
 
 def _integers(xp: Any, k: Any, value: Any, device: Any, arg: str) -> Any:
@@ -216,6 +253,9 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any, ho
     """k (rotated) and v written at each token's place (``where``, and ``host``, its host copy
     or None: see :func:`places`); the cache itself where the library writes in place, else
     (JAX) a new one."""
+    start = None if host is None or cache.paged else _one_run(host)
+    if start is not None:  # every batch row's tokens to rows start, start + 1, ...: a slice
+        return _write_run(cache, xp, k, v, seq_axis, start)
     if seq_axis == -2:  # tokens first: (batch, seq, heads, dim)
         k, v = xp.permute_dims(k, (0, 2, 1, 3)), xp.permute_dims(v, (0, 2, 1, 3))
     batch, seq, heads = k.shape[0], k.shape[1], k.shape[2]
@@ -255,6 +295,31 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any, ho
         return KVCache(cache.k.at[at].set(new_k), cache.v.at[at].set(new_v), layout=cache.layout)
     cache.k[at] = new_k
     cache.v[at] = new_v
+    return cache
+
+
+def _one_run(host: Any) -> int | None:
+    """The first row where every batch row's tokens go to consecutive rows from one (not
+    negative) start, as a decode step's or a prefill's offset sends them; else None."""
+    import numpy as np  # the host copy is NumPy's
+
+    if host.size == 0 or int(host[0, 0]) < 0:
+        return None
+    start = int(host[0, 0])
+    same = np.arange(start, start + host.shape[1])
+    return start if bool((host == same).all()) else None
+
+
+def _write_run(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, start: int) -> KVCache:
+    """k and v written to rows ``start, start + 1, ...`` of a contiguous cache by slicing (the
+    cheapest write there is, in place on every library that writes in place)."""
+    rows = slice(start, start + k.shape[-2 if seq_axis == -2 else -3])
+    heads_first = cache.layout == "bhsd"
+    if heads_first != (seq_axis == -2):  # k and v into the cache's order of heads and tokens
+        k, v = xp.permute_dims(k, (0, 2, 1, 3)), xp.permute_dims(v, (0, 2, 1, 3))
+    at = (slice(None), slice(None), rows) if heads_first else (slice(None), rows)
+    cache.k[at] = k
+    cache.v[at] = v
     return cache
 
 

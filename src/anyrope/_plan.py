@@ -30,7 +30,7 @@ from ._registry import current_switch, prepare, switch_now
 from ._rotary import Rotary
 from ._tables import PositionTables, TableFacts, XPosTables
 
-__all__ = ["Plan", "check_arrays", "launch_of", "make_plan", "signature"]
+__all__ = ["Plan", "check_arrays", "launch_of", "make_plan", "more_signature", "signature"]
 
 
 def signature(q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inplace: Any, inverse: Any) -> Any:
@@ -148,6 +148,33 @@ def _cupy(q: Any, k: Any, positions: Any, offset: Any) -> tuple[Any, ...] | None
     return (*head, None, offset.dtype, offset.shape, offset.device.id)
 
 
+def more_signature(q: Any, *arrays: Any) -> tuple[Any, ...] | None:
+    """What further arrays add to a signature :func:`signature` made for ``q``'s call (which
+    found it traced by nothing): each one's type, dtype, shape, strides and device, as
+    :func:`signature` takes q's (None stays None); None where one is of another kind."""
+    module = type(q).__module__
+    if module in ("torch", "torch.nn.parameter"):
+        import torch  # imported already: q is a tensor
+
+        tensor, strided = torch.Tensor, torch.strided
+        if not all(x is None or (isinstance(x, tensor) and x.layout is strided) for x in arrays):
+            return None
+        return tuple(
+            None if x is None else (type(x), x.dtype, x.shape, x.stride(), x.device, x.requires_grad)
+            for x in arrays
+        )
+    array = type(q)
+    if not all(x is None or type(x) is array for x in arrays):
+        return None
+    if module == "numpy":
+        return tuple(None if x is None else (x.dtype, x.shape, x.strides) for x in arrays)
+    if module == "mlx.core":
+        return tuple(None if x is None else (x.dtype, x.shape) for x in arrays)
+    if module.startswith("cupy"):
+        return tuple(None if x is None else (x.dtype, x.shape, x.strides, x.device.id) for x in arrays)
+    return None
+
+
 Values = Callable[[Any, Any], PositionSpec]
 
 
@@ -167,11 +194,15 @@ class Plan:
 
     def run(self, rotary: Rotary, q: Any, k: Any, positions: Any, offset: Any) -> Any:
         """The call with these values (a kept plan: ``values`` is set)."""
-        assert self.values is not None
-        spec = self.values(positions, offset)
+        source = self.source(rotary, positions, offset)
         if self.inplace:  # read-only flags and shared memory are the arrays' own, checked per call
             check_writable(self.ctx.xp, [("q", q), ("k", k)] if self.two else [("q", q)])
-        return self.run_with(PositionTables(rotary, self.ctx, spec, self.seq, self.facts), q, k)
+        return self.run_with(source, q, k)
+
+    def source(self, rotary: Rotary, positions: Any, offset: Any) -> PositionTables:
+        """The source of a call's angles from its position values (a kept plan: ``values`` is set)."""
+        assert self.values is not None
+        return PositionTables(rotary, self.ctx, self.values(positions, offset), self.seq, self.facts)
 
     def run_with(self, source: Any, q: Any, k: Any) -> Any:
         """The call, given its source of angles."""

@@ -13,7 +13,7 @@ from ._compat import is_traced, namespace_and_library
 from ._fusion import Fusion, PrologueJob, PrologueLaunch
 from ._kvcache import KVCache
 from ._memo import Memo
-from ._plan import signature
+from ._plan import more_signature, signature
 from ._qknorm import QKNorm
 from ._registry import choose_fusion, current_switch, fusion_libraries
 from ._rope import RoPE
@@ -90,22 +90,23 @@ def prologue(
     )
     kept = None if key is None else rotary.plans.find(key)
     if kept is not None:  # a fused call whose signature was checked: only its values' work
-        xp, launch = kept
+        launch, plan = kept
         host = None
         if cache is not None:
             multi = rope.streams > 1
-            host = _kvcache.places(cache, xp, k, seq_axis, cache_index, positions, offset, multi)[1]
+            host = _kvcache.host_places(
+                cache, plan.ctx.xp, k, seq_axis, cache_index, positions, offset, multi
+            )
         if cache is None or host is not None:
-            source = rope_source(rotary, q, k, positions, offset, seq_axis)[1]
-            q, k = launch(q, k, v, norm, cache, host, source)
+            q, k = launch(q, k, v, norm, cache, host, plan.source(rotary, positions, offset))
             return Prologue(q, k, v, cache)
     checked = _checked(rope, q, k, v, positions, offset, seq_axis, norm, cache, cache_index)
     xp, places, host = checked
     fused = _fused(rope, q, k, v, positions, offset, seq_axis, norm, cache, host)
     if fused[0] is not None:
-        launch, source = fused[0]
-        if key is not None:
-            rotary.plans.keep(key, (namespace_and_library(("q", q))[0], launch))
+        launch, plan, source = fused[0]
+        if key is not None and plan.values is not None:
+            rotary.plans.keep(key, (launch, plan))
         q, k = launch(q, k, v, norm, cache, host, source)
         return Prologue(q, k, v, cache)
     if norm is not None:
@@ -179,8 +180,9 @@ _launches: Memo[PrologueLaunch] = Memo()
 def _fused(
     rope: RoPE, q: Any, k: Any, v: Any, positions: Any, offset: Any, seq_axis: int,
     norm: QKNorm | None, cache: KVCache | None, host: Any, *, explain: bool = False,
-) -> tuple[tuple[PrologueLaunch, Any] | None, list[str]]:  # fmt: skip
-    """The launch of the fusion that takes this call and its source of angles, or None; and
+) -> tuple[tuple[PrologueLaunch, Any, Any] | None, list[str]]:  # fmt: skip
+    """The launch of the fusion that takes this call, the call's rotation plan and its source of
+    angles, or None; and
     why each fusion before it (or every one) did not take it, then (with ``explain``) what runs."""
     xp, library = namespace_and_library(("q", q))
     traced = is_traced(xp, q, k)
@@ -197,7 +199,7 @@ def _fused(
     if fusion is None:
         return None, why
     launch = _launches.get((fusion.name, job), lambda: _prepared(fusion, job))
-    return (launch, source), [*why, f"{fusion.name} ({fusion.summary})"] if explain else why
+    return (launch, plan, source), [*why, f"{fusion.name} ({fusion.summary})"] if explain else why
 
 
 def _prepared(fusion: Fusion, job: PrologueJob) -> PrologueLaunch:
@@ -243,19 +245,16 @@ def _signature(
         or not isinstance(cache, (KVCache, type(None)))
     ):
         return None  # the checks name what is wrong
-    parts: list[Any] = ["prologue", signature(q, k, positions, offset, seq_axis, False, False)]
-    if v is not None:
-        parts.append(signature(v, None, None, 0, None, None, None))
-    if norm is not None:
-        weights = signature(norm.q_weight, norm.k_weight, None, 0, None, None, None)
-        parts += [type(norm), norm.rounding, norm.across_heads, weights]
-    if cache is not None:
-        parts += [type(cache), cache.layout, signature(cache.k, cache.v, None, 0, None, None, None)]
-        if cache_index is not None:
-            parts.append(signature(cache_index, None, None, 0, None, None, None))
-    elif cache_index is not None:
+    head = signature(q, k, positions, offset, seq_axis, False, False)
+    if head is None or (cache is None and cache_index is not None):
         return None
-    return None if any(part is None for part in parts) else tuple(parts)
+    weights = (None, None) if norm is None else (norm.q_weight, norm.k_weight)
+    stores = (None, None, None) if cache is None else (cache.k, cache.v, cache_index)
+    arrays = more_signature(q, v, *weights, *stores)
+    if arrays is None:
+        return None
+    forms = (type(norm), None if norm is None else (norm.rounding, norm.across_heads))
+    return ("prologue", head, arrays, *forms, type(cache), None if cache is None else cache.layout)
 
 
 def _check_values(q: Any, k: Any, v: Any) -> None:

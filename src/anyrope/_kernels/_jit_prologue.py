@@ -32,6 +32,11 @@ NO_NORM, BEFORE_WEIGHT, AFTER_WEIGHT = 0, 1, 2
 ROUNDING = {None: NO_NORM, "before_weight": BEFORE_WEIGHT, "after_weight": AFTER_WEIGHT}
 _BLOCK = 128  # NumPy's pairwise summation sums blocks of up to this many elements with 8 accumulators
 
+# Plain calls, not numba's inlining: that retypes the whole body at each site, and with the
+# storage conversions inlined at every load and store one kernel took 40-100 s to compile (about
+# 4 s as calls). LLVM inlines them where it pays and folds the constant storage and rounding there.
+_helper = numba.njit(cache=True, nogil=True)
+
 
 def narrow(value: Any, like: Any) -> Any:  # noqa: ARG001  # pragma: no cover - numba's overload replaces it
     """``value`` in ``like``'s float type."""
@@ -46,15 +51,20 @@ def _narrow(value, like):  # type: ignore[no-untyped-def]  # noqa: ARG001 - numb
     return lambda value, like: np.float64(value)  # noqa: ARG005
 
 
+@_helper
+def _load(value: Any, storage: int) -> Any:  # pragma: no cover - typed once, not at each site
+    return load(value, storage)
+
+
+@_helper
+def _store(value: Any, storage: int) -> Any:  # pragma: no cover
+    return store(value, storage)
+
+
 @inline
 def _square(row: Any, j: Any, storage: int) -> Any:  # pragma: no cover
-    value = load(row[j], storage)
+    value = _load(row[j], storage)
     return value * value
-
-
-# Plain calls, not numba's inlining (which retypes each site: the kernel took a minute to
-# compile); LLVM inlines them where it pays, and folds the constant storage and rounding there.
-_helper = numba.njit(cache=True, nogil=True)
 
 
 @inline
@@ -180,16 +190,16 @@ def _normed(
 ) -> Any:  # pragma: no cover
     """One feature normalised as the generic QKNorm computes it, rounded to x's dtype and widened
     again, as the rotation then reads it."""
-    x = load(value, storage)
+    x = _load(value, storage)
     if rounding == NO_NORM:
         return x
     h = x * r
     if rounding == BEFORE_WEIGHT:  # (weight + offset) in its dtype, times h rounded to x's
-        scale = load(weight, storage)
+        scale = _load(weight, storage)
         if offset != 0:
-            scale = load(store(scale + narrow(offset, x), storage), storage)
-        return load(store(scale * load(store(h, storage), storage), storage), storage)
-    return load(store(h * (narrow(offset, x) + load(weight, storage)), storage), storage)
+            scale = _load(_store(scale + narrow(offset, x), storage), storage)
+        return _load(_store(scale * _load(_store(h, storage), storage), storage), storage)
+    return _load(_store(h * (narrow(offset, x) + _load(weight, storage)), storage), storage)
 
 
 @_helper
@@ -212,10 +222,10 @@ def _rotate_row(
             j, k = (i, i + pairs) if layout == HALF else (2 * i, 2 * i + 1)
             first = _normed(row[j], r, weights[j], offset, storage, rounding)
             second = _normed(row[k], r, weights[k], offset, storage, rounding)
-            dest[j] = store(first * c - second * n, storage)
-            dest[k] = store(second * c + first * n, storage)
+            dest[j] = _store(first * c - second * n, storage)
+            dest[k] = _store(second * c + first * n, storage)
         for j in range(2 * pairs, width):
-            dest[j] = store(_normed(row[j], r, weights[j], offset, storage, rounding), storage)
+            dest[j] = _store(_normed(row[j], r, weights[j], offset, storage, rounding), storage)
 
 
 def prologues(storage: int, rounding: int) -> dict[str, Callable[..., None]]:
