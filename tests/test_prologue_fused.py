@@ -258,3 +258,20 @@ def test_kept_decode_steps_write_their_offsets_rows(backend: Backend) -> None:
     with pytest.raises(ValueError, match=f"offset reaches {MAX_ROWS}, past the cache"):
         anyrope.prologue(q, k, v, rope=rope, norm=norm, cache=fused, offset=MAX_ROWS, seq_axis=-3)
     np.testing.assert_array_equal(backend.to_numpy(fused.k), before)
+
+
+@pytest.mark.backends("torch")
+def test_weights_that_need_gradients_take_the_steps_apart(backend: Backend) -> None:
+    """A norm whose weights require gradients (a model's parameters, in training) is refused by
+    the fusion, which carries none, though q and k need none: the result records the graph."""
+    import torch
+
+    weight = torch.nn.Parameter(_array(backend, 1 + 0.1 * RNG.standard_normal(64), "float32"))
+    call = _call(backend, norm=anyrope.QKNorm(weight, weight))
+    assert anyrope.explain_prologue(**call).startswith("steps apart: numba: no gradients")
+    out = anyrope.prologue(**call)
+    assert out.q.requires_grad
+    out.q.sum().backward()
+    assert weight.grad is not None
+    with torch.no_grad():
+        assert anyrope.explain_prologue(**call).startswith("fused: numba")

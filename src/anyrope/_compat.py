@@ -82,7 +82,10 @@ def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
 
 
 def _is_torch_type(kind: type) -> bool:
-    return kind.__module__.partition(".")[0] == "torch"
+    module = kind.__module__
+    # tensors and parameters first: dynamo compares their module's name, but cannot trace
+    # str.partition on a Parameter's (a QKNorm of a model's weights in a compiled forward)
+    return module in ("torch", "torch.nn.parameter") or module.partition(".")[0] == "torch"
 
 
 def _torch_namespace() -> Any:

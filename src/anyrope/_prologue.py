@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from . import _kvcache
 from ._call import rope_source
 from ._compat import is_traced, namespace_and_library
+from ._context import needs_grad
 from ._fusion import Fusion, PrologueJob, PrologueLaunch
 from ._kvcache import KVCache
 from ._memo import Memo
@@ -211,9 +212,12 @@ def _job(plan: Any, q: Any, k: Any, v: Any, norm: QKNorm | None, cache: KVCache 
     """What the call's signature fixes, as the fusions read it."""
     first, ctx = plan.jobs[0], plan.ctx
     same = q.dtype == k.dtype and (norm is None or norm.q_weight.dtype == q.dtype == norm.k_weight.dtype)
+    # gradients of the norm's weights and of v too (the rotation's plan saw only q and k)
+    others = (v,) if norm is None else (v, norm.q_weight, norm.k_weight)
+    grad = ctx.grad or (ctx.library == "torch" and needs_grad(others))
     return PrologueJob(
         library=ctx.library, device=ctx.env.device_type, dtype=first.key.dtype, traced=ctx.traced,
-        grad=ctx.grad, layout=first.layout, inverse=first.inverse, compute=first.compute,
+        grad=grad, layout=first.layout, inverse=first.inverse, compute=first.compute,
         seq_axis=first.seq_axis, shapes=(tuple(q.shape), tuple(k.shape), () if v is None else tuple(v.shape)),
         head_dim=int(q.shape[-1]), rounding=None if norm is None else norm.rounding,
         across_heads=norm is not None and norm.across_heads, one_dtype=same,

@@ -17,11 +17,18 @@ from ._args import check_bool, check_int, check_number, shown
 from ._compat import namespace_and_library, rsqrt
 from ._dtypes import compute_dtype
 
-__all__ = ["ROUNDINGS", "QKNorm"]
+__all__ = ["ROUNDINGS", "QKNorm", "check_rounding"]
 
 #: Where the weight meets the normalised features: after they are rounded to x's dtype, or in
 #: float32 before they are.
 ROUNDINGS = ("before_weight", "after_weight")
+
+
+def check_rounding(rounding: Any) -> str:
+    """``rounding``, one of :data:`ROUNDINGS`, or a ValueError naming them."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding={shown(rounding)} must be one of {', '.join(map(repr, ROUNDINGS))}")
+    return str(rounding)
 
 
 class QKNorm:
@@ -74,9 +81,7 @@ class QKNorm:
         self.eps = check_number(eps, "eps")
         self.offset = check_number(offset, "offset", low=-float("inf"))
         self.across_heads = check_bool(across_heads, "across_heads")
-        if rounding not in ROUNDINGS:
-            raise ValueError(f"rounding={shown(rounding)} must be one of {', '.join(map(repr, ROUNDINGS))}")
-        self.rounding = rounding
+        self.rounding = check_rounding(rounding)
 
     @classmethod
     def from_modules(cls, q_norm: Any, k_norm: Any, *, head_dim: int) -> QKNorm:

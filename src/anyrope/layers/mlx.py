@@ -1,4 +1,6 @@
-"""``RotaryEmbedding``: an ``mlx.nn.Module`` that rotates with :class:`anyrope.RoPE`.
+"""``RotaryEmbedding``: an ``mlx.nn.Module`` that rotates with :class:`anyrope.RoPE`; and
+``AttentionPrologue``, the module of :func:`anyrope.prologue` (QK-norm, RoPE and the KV-cache
+write), holding the norm's weights.
 
 It takes ``rope(...)``'s call, and ``mlx.nn.RoPE``'s (``x, offset``), so it drops into mlx-lm
 models and other MLX code in place of ``nn.RoPE``. It holds no arrays: ``parameters()`` is
@@ -10,9 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .._prologue import Prologue
 from ._build import LayerBase, make_rope
+from ._prologue_build import PrologueBase, norm_form
 
-__all__ = ["RotaryEmbedding"]
+__all__ = ["AttentionPrologue", "RotaryEmbedding"]
 
 # As Any: mlx's typing is partial, and the lint environment may not have it installed.
 mx: Any = importlib.import_module("mlx.core")
@@ -83,3 +87,75 @@ def _is_offset(value: Any) -> bool:
     if isinstance(value, mx.array):
         return not mx.issubdtype(value.dtype, mx.floating)
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+class AttentionPrologue(PrologueBase, nn.Module):  # type: ignore[misc]  # nn is Any
+    """What attention does to q, k and v after their projections, as an ``mlx.nn.Module``:
+    :func:`anyrope.prologue` with the layer's RoPE and QK-norm, whose weights are the module's
+    parameters (``q_weight``, ``k_weight``: ``set_dtype`` casts them, weights files hold them).
+
+    Parameters
+    ----------
+    rope : anyrope.RoPE or int
+        The rotation, or its ``head_dim`` with :class:`anyrope.RoPE`'s keyword arguments.
+    qk_norm, eps, norm_offset, across_heads, rounding, heads, kv_heads
+        As :class:`anyrope.layers.torch.AttentionPrologue` takes them.
+
+    Examples
+    --------
+    >>> import mlx.core as mx, anyrope  # doctest: +SKIP
+    >>> from mlx.utils import tree_flatten  # doctest: +SKIP
+    >>> from anyrope.layers.mlx import AttentionPrologue  # doctest: +SKIP
+    >>> prologue = AttentionPrologue(64, base=1_000_000.0)  # doctest: +SKIP
+    >>> cache = anyrope.KVCache(mx.zeros((2, 2, 128, 64)), mx.zeros((2, 2, 128, 64)))  # doctest: +SKIP
+    >>> q, k, v = mx.ones((2, 8, 5, 64)), mx.ones((2, 2, 5, 64)), mx.ones((2, 2, 5, 64))  # doctest: +SKIP
+    >>> out = prologue(q, k, v, offset=3, cache=cache)  # doctest: +SKIP
+    >>> sorted(k for k, _ in tree_flatten(prologue.parameters()))  # doctest: +SKIP
+    ['k_weight', 'q_weight']
+    """
+
+    def __init__(
+        self,
+        rope: Any,
+        *,
+        qk_norm: bool = True,
+        eps: float = 1e-6,
+        norm_offset: float = 0.0,
+        across_heads: bool = False,
+        rounding: str = "before_weight",
+        heads: int | None = None,
+        kv_heads: int | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        self._rope = make_rope(rope, options, "AttentionPrologue")
+        head_dim = self._rope.head_dim
+        self._form, shapes = norm_form(
+            qk_norm, eps, norm_offset, across_heads, rounding, heads, kv_heads, head_dim
+        )
+        self._kept_norm = None
+        if self._form is not None and shapes is not None:
+            fill = mx.zeros if self._form.offset else mx.ones  # Gemma's 1 + w starts at w = 0
+            self.q_weight, self.k_weight = fill(shapes[0]), fill(shapes[1])
+
+    def _norm_weights(self) -> tuple[Any, Any]:
+        return self.q_weight, self.k_weight
+
+    def __call__(
+        self,
+        q: Any,
+        k: Any = None,
+        v: Any = None,
+        *,
+        positions: Any = None,
+        offset: Any = 0,
+        seq_axis: int = -2,
+        cache: Any = None,
+        cache_index: Any = None,
+    ) -> Prologue:
+        """``anyrope.prologue(q, k, v, rope=..., norm=..., positions=..., offset=..., seq_axis=...,
+        cache=..., cache_index=...)`` with the layer's RoPE and norm: ``(q, k, v, cache)``."""
+        return self._prologue(q, k, v, positions, offset, seq_axis, cache, cache_index)
+
+    def _extra_repr(self) -> str:
+        return f"{self._rope!r}, {self._form_repr()}"

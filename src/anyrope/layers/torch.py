@@ -1,4 +1,6 @@
-"""``RotaryEmbedding``: a ``torch.nn.Module`` that rotates with :class:`anyrope.RoPE`.
+"""``RotaryEmbedding``: a ``torch.nn.Module`` that rotates with :class:`anyrope.RoPE`; and
+``AttentionPrologue``, the module of :func:`anyrope.prologue` (QK-norm, RoPE and the KV-cache
+write), holding the norm's weights.
 
 It holds the RoPE and nothing torch saves or casts: no parameters, no buffers, so ``state_dict()``
 is empty. Its tables are never stored in the module: anyrope forms them for each call (cached
@@ -18,11 +20,14 @@ from typing import Any
 
 import torch
 
+from .._prologue import Prologue
+from .._qknorm import QKNorm
 from .._rope import rotary_of
 from ._build import LayerBase, make_rope
 from ._onnx import standard_op, unexpressed
+from ._prologue_build import NormForm, PrologueBase, norm_form
 
-__all__ = ["RotaryEmbedding"]
+__all__ = ["AttentionPrologue", "RotaryEmbedding"]
 
 _is_exporting = getattr(torch.compiler, "is_exporting", lambda: True)  # older torch: ask torch.onnx alone
 _serials = itertools.count()  # each layer's own number, shared by its copies (see _onnx._warned)
@@ -98,3 +103,98 @@ class RotaryEmbedding(LayerBase, torch.nn.Module):
 
     def extra_repr(self) -> str:
         return repr(self._rope) + ("" if self.onnx_op is None else f", onnx_op={self.onnx_op}")
+
+
+class AttentionPrologue(PrologueBase, torch.nn.Module):
+    """What attention does to q, k and v after their projections, as a ``torch.nn.Module``:
+    :func:`anyrope.prologue` with the layer's RoPE and QK-norm (its weights are the module's
+    parameters, ``q_weight`` and ``k_weight``).
+
+    Parameters
+    ----------
+    rope : anyrope.RoPE or int
+        The rotation, or its ``head_dim`` with :class:`anyrope.RoPE`'s keyword arguments in
+        ``options``.
+    qk_norm : bool, optional
+        Whether each head of q and k is RMS-normalised before the rotation (Qwen3, Gemma 3, OLMo
+        2); False: the layer rotates and writes the cache, and holds no parameters.
+    eps, rounding, across_heads
+        As :class:`anyrope.QKNorm` takes them.
+    norm_offset : float, optional
+        :class:`anyrope.QKNorm`'s ``offset``: 1.0 for Gemma's ``1 + w`` (its weights then start
+        at zero, as Gemma's do; otherwise at one).
+    heads, kv_heads : int, optional
+        The head counts of q and k, needed with ``across_heads=True`` (OLMo 2), whose weights are
+        ``heads * head_dim`` and ``kv_heads * head_dim`` long.
+
+    Examples
+    --------
+    >>> import torch, anyrope
+    >>> from anyrope.layers.torch import AttentionPrologue
+    >>> prologue = AttentionPrologue(64, base=1_000_000.0, eps=1e-6)
+    >>> cache = anyrope.KVCache(torch.zeros(2, 2, 128, 64), torch.zeros(2, 2, 128, 64))
+    >>> q, k, v = torch.ones(2, 8, 5, 64), torch.ones(2, 2, 5, 64), torch.ones(2, 2, 5, 64)
+    >>> out = prologue(q, k, v, offset=3, cache=cache)
+    >>> out.q.shape, sorted(prologue.state_dict())
+    (torch.Size([2, 8, 5, 64]), ['k_weight', 'q_weight'])
+    """
+
+    def __init__(
+        self,
+        rope: Any,
+        *,
+        qk_norm: bool = True,
+        eps: float = 1e-6,
+        norm_offset: float = 0.0,
+        across_heads: bool = False,
+        rounding: str = "before_weight",
+        heads: int | None = None,
+        kv_heads: int | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        self._rope = make_rope(rope, options, "AttentionPrologue")
+        head_dim = self._rope.head_dim
+        self._form, shapes = norm_form(
+            qk_norm, eps, norm_offset, across_heads, rounding, heads, kv_heads, head_dim
+        )
+        self._kept_norm = None
+        if self._form is not None and shapes is not None:
+            fill = torch.zeros if self._form.offset else torch.ones  # Gemma's 1 + w starts at w = 0
+            self.q_weight = torch.nn.Parameter(fill(shapes[0]))
+            self.k_weight = torch.nn.Parameter(fill(shapes[1]))
+            _ = self.norm  # made here, outside any compiler
+
+    @classmethod
+    def from_modules(cls, rope: Any, q_norm: Any, k_norm: Any, **options: Any) -> AttentionPrologue:
+        """The prologue of a model's own ``q_norm`` and ``k_norm`` (read as
+        :meth:`anyrope.QKNorm.from_modules` reads them, for ``rope``'s head_dim), holding their
+        weight parameters themselves: training the layer trains the model's weights."""
+        layer = cls(rope, qk_norm=False, **options)
+        norm = QKNorm.from_modules(q_norm, k_norm, head_dim=layer.rope.head_dim)
+        layer._form = NormForm(norm.eps, norm.offset, norm.across_heads, norm.rounding)
+        layer.q_weight, layer.k_weight = q_norm.weight, k_norm.weight
+        layer._kept_norm = norm  # of these very weights
+        return layer
+
+    def _norm_weights(self) -> tuple[Any, Any]:
+        return self.q_weight, self.k_weight
+
+    def forward(
+        self,
+        q: Any,
+        k: Any = None,
+        v: Any = None,
+        *,
+        positions: Any = None,
+        offset: Any = 0,
+        seq_axis: int = -2,
+        cache: Any = None,
+        cache_index: Any = None,
+    ) -> Prologue:
+        """``anyrope.prologue(q, k, v, rope=..., norm=..., positions=..., offset=..., seq_axis=...,
+        cache=..., cache_index=...)`` with the layer's RoPE and norm: ``(q, k, v, cache)``."""
+        return self._prologue(q, k, v, positions, offset, seq_axis, cache, cache_index)
+
+    def extra_repr(self) -> str:
+        return f"{self._rope!r}, {self._form_repr()}"
