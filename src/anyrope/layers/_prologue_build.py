@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 from .._args import check_bool, check_number, shown
 from .._prologue import Prologue, prologue
 from .._qknorm import QKNorm, check_rounding
-from ._build import LayerBase
+from ._build import LayerBase, make_rope
 
 __all__ = ["NormForm", "PrologueBase", "norm_form"]
 
@@ -58,6 +58,21 @@ class PrologueBase(LayerBase):
     _form: NormForm | None
     _kept_norm: QKNorm | None
 
+    def _set_up(
+        self, rope: Any, options: dict[str, Any], qk_norm: Any, eps: Any, norm_offset: Any, across_heads: Any,
+        rounding: Any, heads: Any, kv_heads: Any,
+    ) -> tuple[tuple[int], tuple[int], bool] | None:  # fmt: skip
+        """The layer's RoPE and norm form, checked; then its two weights' shapes, and whether
+        they start at zero (Gemma's ``1 + w``) rather than one; None without a norm."""
+        self._rope = make_rope(rope, options, "AttentionPrologue")
+        self._form, shapes = norm_form(
+            qk_norm, eps, norm_offset, across_heads, rounding, heads, kv_heads, self._rope.head_dim
+        )
+        self._kept_norm = None
+        if self._form is None or shapes is None:
+            return None
+        return shapes[0], shapes[1], bool(self._form.offset)
+
     def _norm_weights(self) -> tuple[Any, Any]:  # pragma: no cover - each framework's class has its own
         raise NotImplementedError
 
@@ -76,9 +91,21 @@ class PrologueBase(LayerBase):
             self._kept_norm = kept
         return kept
 
-    def _prologue(
-        self, q: Any, k: Any, v: Any, positions: Any, offset: Any, seq_axis: Any, cache: Any, cache_index: Any
+    def call(
+        self,
+        q: Any,
+        k: Any = None,
+        v: Any = None,
+        *,
+        positions: Any = None,
+        offset: Any = 0,
+        seq_axis: int = -2,
+        cache: Any = None,
+        cache_index: Any = None,
     ) -> Prologue:
+        """``anyrope.prologue(q, k, v, rope=..., norm=..., positions=..., offset=..., seq_axis=...,
+        cache=..., cache_index=...)`` with the layer's RoPE and norm: ``(q, k, v, cache)``. Each
+        framework's layer calls it as it calls a module (torch's ``forward``, MLX's ``__call__``)."""
         return prologue(
             q, k, v, rope=self._rope, positions=positions, offset=offset, seq_axis=seq_axis, norm=self.norm,
             cache=cache, cache_index=cache_index,

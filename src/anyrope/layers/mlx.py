@@ -12,9 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .._prologue import Prologue
 from ._build import LayerBase, make_rope
-from ._prologue_build import PrologueBase, norm_form
+from ._prologue_build import PrologueBase
 
 __all__ = ["AttentionPrologue", "RotaryEmbedding"]
 
@@ -128,34 +127,18 @@ class AttentionPrologue(PrologueBase, nn.Module):  # type: ignore[misc]  # nn is
         **options: Any,
     ) -> None:
         super().__init__()
-        self._rope = make_rope(rope, options, "AttentionPrologue")
-        head_dim = self._rope.head_dim
-        self._form, shapes = norm_form(
-            qk_norm, eps, norm_offset, across_heads, rounding, heads, kv_heads, head_dim
+        found = self._set_up(
+            rope, options, qk_norm, eps, norm_offset, across_heads, rounding, heads, kv_heads
         )
-        self._kept_norm = None
-        if self._form is not None and shapes is not None:
-            fill = mx.zeros if self._form.offset else mx.ones  # Gemma's 1 + w starts at w = 0
-            self.q_weight, self.k_weight = fill(shapes[0]), fill(shapes[1])
+        if found is not None:
+            q_shape, k_shape, from_zero = found
+            fill = mx.zeros if from_zero else mx.ones
+            self.q_weight, self.k_weight = fill(q_shape), fill(k_shape)
 
     def _norm_weights(self) -> tuple[Any, Any]:
         return self.q_weight, self.k_weight
 
-    def __call__(
-        self,
-        q: Any,
-        k: Any = None,
-        v: Any = None,
-        *,
-        positions: Any = None,
-        offset: Any = 0,
-        seq_axis: int = -2,
-        cache: Any = None,
-        cache_index: Any = None,
-    ) -> Prologue:
-        """``anyrope.prologue(q, k, v, rope=..., norm=..., positions=..., offset=..., seq_axis=...,
-        cache=..., cache_index=...)`` with the layer's RoPE and norm: ``(q, k, v, cache)``."""
-        return self._prologue(q, k, v, positions, offset, seq_axis, cache, cache_index)
+    __call__ = PrologueBase.call
 
     def _extra_repr(self) -> str:
         return f"{self._rope!r}, {self._form_repr()}"

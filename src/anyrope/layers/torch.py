@@ -20,12 +20,11 @@ from typing import Any
 
 import torch
 
-from .._prologue import Prologue
 from .._qknorm import QKNorm
 from .._rope import rotary_of
 from ._build import LayerBase, make_rope
 from ._onnx import standard_op, unexpressed
-from ._prologue_build import NormForm, PrologueBase, norm_form
+from ._prologue_build import NormForm, PrologueBase
 
 __all__ = ["AttentionPrologue", "RotaryEmbedding"]
 
@@ -153,16 +152,16 @@ class AttentionPrologue(PrologueBase, torch.nn.Module):
         **options: Any,
     ) -> None:
         super().__init__()
-        self._rope = make_rope(rope, options, "AttentionPrologue")
-        head_dim = self._rope.head_dim
-        self._form, shapes = norm_form(
-            qk_norm, eps, norm_offset, across_heads, rounding, heads, kv_heads, head_dim
+        found = self._set_up(
+            rope, options, qk_norm, eps, norm_offset, across_heads, rounding, heads, kv_heads
         )
-        self._kept_norm = None
-        if self._form is not None and shapes is not None:
-            fill = torch.zeros if self._form.offset else torch.ones  # Gemma's 1 + w starts at w = 0
-            self.q_weight = torch.nn.Parameter(fill(shapes[0]))
-            self.k_weight = torch.nn.Parameter(fill(shapes[1]))
+        if found is not None:
+            q_shape, k_shape, from_zero = found
+            fill = torch.zeros if from_zero else torch.ones
+            self.q_weight, self.k_weight = (
+                torch.nn.Parameter(fill(q_shape)),
+                torch.nn.Parameter(fill(k_shape)),
+            )
             _ = self.norm  # made here, outside any compiler
 
     @classmethod
@@ -180,21 +179,7 @@ class AttentionPrologue(PrologueBase, torch.nn.Module):
     def _norm_weights(self) -> tuple[Any, Any]:
         return self.q_weight, self.k_weight
 
-    def forward(
-        self,
-        q: Any,
-        k: Any = None,
-        v: Any = None,
-        *,
-        positions: Any = None,
-        offset: Any = 0,
-        seq_axis: int = -2,
-        cache: Any = None,
-        cache_index: Any = None,
-    ) -> Prologue:
-        """``anyrope.prologue(q, k, v, rope=..., norm=..., positions=..., offset=..., seq_axis=...,
-        cache=..., cache_index=...)`` with the layer's RoPE and norm: ``(q, k, v, cache)``."""
-        return self._prologue(q, k, v, positions, offset, seq_axis, cache, cache_index)
+    forward = PrologueBase.call
 
     def extra_repr(self) -> str:
         return f"{self._rope!r}, {self._form_repr()}"
