@@ -1,6 +1,6 @@
 """anyrope's RoPE as a layer of your framework: one module per framework, each with a
-``RotaryEmbedding`` that holds a :class:`anyrope.RoPE` and no weights; torch's and MLX's also
-with an ``AttentionPrologue`` (:func:`anyrope.prologue` holding the QK-norm's weights).
+``RotaryEmbedding`` that holds a :class:`anyrope.RoPE` and no weights, and an
+``AttentionPrologue`` (:func:`anyrope.prologue` holding the QK-norm's weights).
 
 Import the one you use; each imports its framework alone, and this package imports none:
 :mod:`anyrope.layers.torch` (``torch.nn``, and models that export to ONNX's RotaryEmbedding op),

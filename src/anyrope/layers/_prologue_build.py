@@ -57,6 +57,7 @@ class PrologueBase(LayerBase):
 
     _form: NormForm | None
     _kept_norm: QKNorm | None
+    _keeps_norm = True  # False where a framework traces modules apart (NNX): a norm made once would hold a trace's arrays
 
     def _set_up(
         self, rope: Any, options: dict[str, Any], qk_norm: Any, eps: Any, norm_offset: Any, across_heads: Any,
@@ -85,6 +86,8 @@ class PrologueBase(LayerBase):
         if self._form is None:
             return None
         q_weight, k_weight = self._norm_weights()
+        if not self._keeps_norm:
+            return QKNorm(q_weight, k_weight, **self._form._asdict())
         kept = self._kept_norm
         if kept is None or kept.q_weight is not q_weight or kept.k_weight is not k_weight:
             kept = QKNorm(q_weight, k_weight, **self._form._asdict())
