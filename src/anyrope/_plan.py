@@ -58,11 +58,11 @@ def signature(q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inplac
 
 def _numpy(q: Any, k: Any, positions: Any, offset: Any) -> tuple[Any, ...] | None:
     array = type(q)
-    head: tuple[Any, ...] = (array, q.dtype, q.shape, q.strides)
+    head: tuple[Any, ...] = (array, *_numpy_part(q))
     if k is not None:
         if type(k) is not array:
             return None
-        head += (k.dtype, k.shape, k.strides)
+        head += _numpy_part(k)
     if positions is not None:  # with positions, an offset other than 0 is an error: its value counts
         if type(positions) is not array or type(offset) is not int:
             return None
@@ -85,19 +85,11 @@ def _torch(q: Any, k: Any, positions: Any, offset: Any) -> tuple[Any, ...] | Non
     strided = torch.strided
     if q.layout is not strided:  # a sparse tensor has no strides: the first call's check says so
         return None
-    head: tuple[Any, ...] = (
-        type(q),
-        q.dtype,
-        q.shape,
-        q.stride(),
-        q.device,
-        q.requires_grad,
-        torch.is_grad_enabled(),
-    )
+    head: tuple[Any, ...] = (*_torch_part(q), torch.is_grad_enabled())
     if k is not None:
         if not isinstance(k, torch.Tensor) or k.layout is not strided:
             return None
-        head += (type(k), k.dtype, k.shape, k.stride(), k.device, k.requires_grad)
+        head += _torch_part(k)
     if positions is not None:
         if not isinstance(positions, torch.Tensor) or type(offset) is not int:
             return None
@@ -114,11 +106,11 @@ def _mlx(q: Any, k: Any, positions: Any, offset: Any) -> tuple[Any, ...] | None:
 
     array = type(q)
     # unified memory: the default device stands in for the arrays' (see _compat.device_of)
-    head: tuple[Any, ...] = (array, q.dtype, q.shape, str(mx.default_device()))
+    head: tuple[Any, ...] = (array, *_mlx_part(q), str(mx.default_device()))
     if k is not None:
         if type(k) is not array:
             return None
-        head += (k.dtype, k.shape)
+        head += _mlx_part(k)
     if positions is not None:
         if type(positions) is not array or type(offset) is not int:
             return None
@@ -132,11 +124,11 @@ def _mlx(q: Any, k: Any, positions: Any, offset: Any) -> tuple[Any, ...] | None:
 
 def _cupy(q: Any, k: Any, positions: Any, offset: Any) -> tuple[Any, ...] | None:
     array = type(q)
-    head: tuple[Any, ...] = (array, q.dtype, q.shape, q.strides, q.device.id)
+    head: tuple[Any, ...] = (array, *_cupy_part(q))
     if k is not None:
         if type(k) is not array:
             return None
-        head += (k.dtype, k.shape, k.strides, k.device.id)
+        head += _cupy_part(k)
     if positions is not None:
         if type(positions) is not array or type(offset) is not int:
             return None
@@ -148,10 +140,27 @@ def _cupy(q: Any, k: Any, positions: Any, offset: Any) -> tuple[Any, ...] | None
     return (*head, None, offset.dtype, offset.shape, offset.device.id)
 
 
+# What one array adds to a signature, per library (its type is checked, or part, beside).
+def _numpy_part(x: Any) -> tuple[Any, ...]:
+    return (x.dtype, x.shape, x.strides)
+
+
+def _torch_part(x: Any) -> tuple[Any, ...]:
+    return (type(x), x.dtype, x.shape, x.stride(), x.device, x.requires_grad)
+
+
+def _mlx_part(x: Any) -> tuple[Any, ...]:
+    return (x.dtype, x.shape)
+
+
+def _cupy_part(x: Any) -> tuple[Any, ...]:
+    return (x.dtype, x.shape, x.strides, x.device.id)
+
+
 def more_signature(q: Any, *arrays: Any) -> tuple[Any, ...] | None:
     """What further arrays add to a signature :func:`signature` made for ``q``'s call (which
-    found it traced by nothing): each one's type, dtype, shape, strides and device, as
-    :func:`signature` takes q's (None stays None); None where one is of another kind."""
+    found it traced by nothing): each one's part, as :func:`signature` takes k's (None stays
+    None); None where one is of another kind."""
     module = type(q).__module__
     if module in ("torch", "torch.nn.parameter"):
         import torch  # imported already: q is a tensor
@@ -159,20 +168,20 @@ def more_signature(q: Any, *arrays: Any) -> tuple[Any, ...] | None:
         tensor, strided = torch.Tensor, torch.strided
         if not all(x is None or (isinstance(x, tensor) and x.layout is strided) for x in arrays):
             return None
-        return tuple(
-            None if x is None else (type(x), x.dtype, x.shape, x.stride(), x.device, x.requires_grad)
-            for x in arrays
-        )
-    array = type(q)
-    if not all(x is None or type(x) is array for x in arrays):
-        return None
-    if module == "numpy":
-        return tuple(None if x is None else (x.dtype, x.shape, x.strides) for x in arrays)
-    if module == "mlx.core":
-        return tuple(None if x is None else (x.dtype, x.shape) for x in arrays)
-    if module.startswith("cupy"):
-        return tuple(None if x is None else (x.dtype, x.shape, x.strides, x.device.id) for x in arrays)
-    return None
+        part = _torch_part
+    else:
+        array = type(q)
+        if not all(x is None or type(x) is array for x in arrays):
+            return None
+        if module == "numpy":
+            part = _numpy_part
+        elif module == "mlx.core":
+            part = _mlx_part
+        elif module.startswith("cupy"):
+            part = _cupy_part
+        else:
+            return None
+    return tuple(None if x is None else part(x) for x in arrays)
 
 
 Values = Callable[[Any, Any], PositionSpec]

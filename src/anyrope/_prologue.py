@@ -183,8 +183,8 @@ def _fused(
     norm: QKNorm | None, cache: KVCache | None, host: Any, *, explain: bool = False,
 ) -> tuple[tuple[PrologueLaunch, Any, Any] | None, list[str]]:  # fmt: skip
     """The launch of the fusion that takes this call, the call's rotation plan and its source of
-    angles, or None; and
-    why each fusion before it (or every one) did not take it, then (with ``explain``) what runs."""
+    angles, or None; and why each fusion before it (or every one) did not take it, then (with
+    ``explain``) what runs."""
     xp, library = namespace_and_library(("q", q))
     traced = is_traced(xp, q, k)
     if traced and not explain:  # a compiler runs the steps apart: nothing here for it to trace

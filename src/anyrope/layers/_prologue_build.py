@@ -25,12 +25,12 @@ class NormForm(NamedTuple):
 def norm_form(
     qk_norm: Any, eps: Any, norm_offset: Any, across_heads: Any, rounding: Any, heads: Any, kv_heads: Any,
     head_dim: int,
-) -> tuple[NormForm | None, tuple[tuple[int], tuple[int]] | None]:  # fmt: skip
-    """The norm's form and its two weights' shapes, checked; (None, None) with ``qk_norm=False``.
+) -> tuple[NormForm, tuple[tuple[int], tuple[int]]] | None:  # fmt: skip
+    """The norm's form and its two weights' shapes, checked; None with ``qk_norm=False``.
     Weights are ``(head_dim,)`` each, or across heads (OLMo 2) ``(heads * head_dim,)`` and
     ``(kv_heads * head_dim,)``."""
     if not check_bool(qk_norm, "qk_norm"):
-        return None, None
+        return None
     form = NormForm(
         check_number(eps, "eps"),
         check_number(norm_offset, "norm_offset", low=-float("inf")),
@@ -66,13 +66,14 @@ class PrologueBase(LayerBase):
         """The layer's RoPE and norm form, checked; then its two weights' shapes, and whether
         they start at zero (Gemma's ``1 + w``) rather than one; None without a norm."""
         self._rope = make_rope(rope, options, "AttentionPrologue")
-        self._form, shapes = norm_form(
+        found = norm_form(
             qk_norm, eps, norm_offset, across_heads, rounding, heads, kv_heads, self._rope.head_dim
         )
-        self._kept_norm = None
-        if self._form is None or shapes is None:
+        self._form, self._kept_norm = None if found is None else found[0], None
+        if found is None:
             return None
-        return shapes[0], shapes[1], bool(self._form.offset)
+        form, (q_shape, k_shape) = found
+        return q_shape, k_shape, bool(form.offset)
 
     def _norm_weights(self) -> tuple[Any, Any]:  # pragma: no cover - each framework's class has its own
         raise NotImplementedError
