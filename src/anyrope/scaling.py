@@ -253,7 +253,11 @@ class YaRN(Scaling):
         def correction_dim(rotations: float) -> float:
             # The pair index whose wavelength fits ``rotations`` turns into the original context.
             turns = self.original_max_position / (rotations * 2 * math.pi)
-            return rotary_dim * math.log(turns) / (2 * math.log(base))
+            if 0 < turns < math.inf:  # transformers' formula, kept for its rounding
+                return rotary_dim * math.log(turns) / (2 * math.log(base))
+            # a ratio past float64's range (beta near 1e308 or 1e-308): the same as a difference of logs
+            log_turns = math.log(self.original_max_position) - math.log(rotations) - math.log(2 * math.pi)
+            return rotary_dim * log_turns / (2 * math.log(base))
 
         low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
         if self.truncate:
