@@ -108,17 +108,55 @@ def _rotate_block(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton 
 ):  # fmt: skip
     """Program ``pid`` of one array: a block of tokens of one batch row, in a group of heads."""
     COMPUTE: tl.constexpr = tl.float64 if WIDE else tl.float32
+    b, group, s, s_ok = _tile(pid, heads, trail, seq, BLOCK_S, HEADS)
+    c, n = _turns(
+        b, s, s_ok, index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr, start, si_stream, si_row, si_seq, sc_row,
+        sc_seq, PAIRS, PAIRS_P2, MODE, MULTI, INVERSE, SCALED, COMPUTE, SPLIT, MASK,
+    )  # fmt: skip
+    out_type = out_ptr.dtype.element_ty
+    if BLOCK_S == 1:  # one token (a decode step): the group's heads as one tile, each access wide
+        head = group * HEADS + tl.arange(0, HEADS)
+        live = (head < heads * trail) & s_ok  # the last group may be short
+        a = (head // trail).to(tl.int64)
+        t = (head % trail).to(tl.int64)
+        x_rows = x_ptr + (b * sxb + a * sxh + t * sxt + s * sxs)[:, None]
+        out_rows = out_ptr + (b * sob + a * soh + t * sot + s * sos)[:, None]
+        _rotate_rows(x_rows, out_rows, live, c, n, width, PAIRS, PAIRS_P2, TAIL_P2, HALF, COPY_TAIL, BF16, COMPUTE, out_type, HEADS)  # fmt: skip
+    else:
+        for h in range(HEADS):
+            head = group * HEADS + h
+            live = head < heads * trail
+            a = (head // trail).to(tl.int64)
+            t = (head % trail).to(tl.int64)
+            x_rows = x_ptr + b * sxb + a * sxh + t * sxt + s[:, None] * sxs
+            out_rows = out_ptr + b * sob + a * soh + t * sot + s[:, None] * sos
+            rows_ok = s < tl.where(live, seq, 0)  # tokens of the sequence, none past the last head
+            _rotate_rows(x_rows, out_rows, rows_ok, c, n, width, PAIRS, PAIRS_P2, TAIL_P2, HALF, COPY_TAIL, BF16, COMPUTE, out_type, BLOCK_S)  # fmt: skip
+
+
+@triton.jit
+def _tile(pid, heads, trail, seq, BLOCK_S: tl.constexpr, HEADS: tl.constexpr):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Program ``pid``'s batch row (int64), group of heads, and block of tokens (int64, with
+    which of them are real): the programs run through the blocks, then the groups, then the rows."""
     blocks = tl.cdiv(seq, BLOCK_S)
     groups = tl.cdiv(heads * trail, HEADS)
     rest = pid // blocks
-    b = (rest // groups).to(tl.int64)
-    group = rest % groups
     s = (pid % blocks) * BLOCK_S + tl.arange(0, BLOCK_S)
+    return (rest // groups).to(tl.int64), rest % groups, s.to(tl.int64), s < seq
+
+
+@triton.jit
+def _turns(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton types the pointers
+    b, s, s_ok, index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr, start, si_stream, si_row, si_seq, sc_row,
+    sc_seq, PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr, MODE: tl.constexpr, MULTI: tl.constexpr,
+    INVERSE: tl.constexpr, SCALED: tl.constexpr, COMPUTE: tl.constexpr, SPLIT: tl.constexpr, MASK: tl.constexpr,
+):  # fmt: skip
+    """The cos and sine (negated for the inverse rotation) of each pair (columns) at each token
+    ``s`` (rows: int64 token numbers of batch row ``b``, ``s_ok`` the real ones), in COMPUTE:
+    read from the caller's tables, or formed from the positions (see :mod:`anyrope._kernel_angles`)."""
     j = tl.arange(0, PAIRS_P2)
-    s_ok = s < seq
     j_ok = j < PAIRS
     ok = s_ok[:, None] & j_ok[None, :]
-    s = s.to(tl.int64)
     if MODE == 3:  # TABLES: the caller's, in the compute dtype
         where = b * sc_row + s[:, None] * sc_seq + j[None, :]
         c = tl.load(cos_ptr + where, mask=ok, other=0.0)
@@ -157,25 +195,7 @@ def _rotate_block(  # type: ignore[no-untyped-def]  # pragma: no cover - Triton 
             n = n * scale
     if INVERSE:
         n = -n
-    out_type = out_ptr.dtype.element_ty
-    if BLOCK_S == 1:  # one token (a decode step): the group's heads as one tile, each access wide
-        head = group * HEADS + tl.arange(0, HEADS)
-        live = (head < heads * trail) & s_ok  # the last group may be short
-        a = (head // trail).to(tl.int64)
-        t = (head % trail).to(tl.int64)
-        x_rows = x_ptr + (b * sxb + a * sxh + t * sxt + s * sxs)[:, None]
-        out_rows = out_ptr + (b * sob + a * soh + t * sot + s * sos)[:, None]
-        _rotate_rows(x_rows, out_rows, live, c, n, width, PAIRS, PAIRS_P2, TAIL_P2, HALF, COPY_TAIL, BF16, COMPUTE, out_type, HEADS)  # fmt: skip
-    else:
-        for h in range(HEADS):
-            head = group * HEADS + h
-            live = head < heads * trail
-            a = (head // trail).to(tl.int64)
-            t = (head % trail).to(tl.int64)
-            x_rows = x_ptr + b * sxb + a * sxh + t * sxt + s[:, None] * sxs
-            out_rows = out_ptr + b * sob + a * soh + t * sot + s[:, None] * sos
-            rows_ok = s < tl.where(live, seq, 0)  # tokens of the sequence, none past the last head
-            _rotate_rows(x_rows, out_rows, rows_ok, c, n, width, PAIRS, PAIRS_P2, TAIL_P2, HALF, COPY_TAIL, BF16, COMPUTE, out_type, BLOCK_S)  # fmt: skip
+    return c, n
 
 
 @triton.jit
@@ -233,38 +253,14 @@ class Angles(NamedTuple):
     flags: int
 
 
-def _launch(
-    arrays: list[tuple[torch.Tensor, torch.Tensor]], angles: Angles, *, copy_tail: bool, direct: bool
-) -> None:
-    """Rotate each five-axis x into its five-axis out (x itself in place), one or two arrays in
-    one launch: the first array's programs, then the second's. ``direct``: an eager call
-    launches the kernel itself, not through ``wrap_triton``, which the ops need for tracing."""
-    arrays = [(x, out) for x, out in arrays if x.numel() != 0]
-    if not arrays:
-        return
-    index, cos, sin = angles.positions, angles.cos, angles.sin
-    mode, pairs, flags = angles.mode, angles.pairs, angles.flags
-    pairs_p2 = triton.next_power_of_2(pairs)
-    # A traced length or head count (a SymInt of torch.export's dynamic shapes) takes the widest
-    # block and group: fitting them to it would be a guard outside the range it declares.
-    widest = 2048 // pairs_p2
-    seqs = [x.shape[2] for x, _ in arrays]
-    lanes = [x.shape[1] * x.shape[3] for x, _ in arrays]  # heads times trail
-    static = True
-    for n in (*seqs, *lanes):
-        static = static and isinstance(n, int)
-    block_s = max(1, min(triton.next_power_of_2(max(seqs)), widest)) if static else widest
-    group = min(8, max(lanes)) if static else 8
-    warps = 4
-    if block_s == 1:  # one token: a tile of the group's heads (a power of two), 16 bytes a thread
-        group = min(8, triton.next_power_of_2(max(lanes))) if static else 8
-        row = (pairs_p2 if flags & HALF else 2 * pairs_p2) * arrays[0][0].element_size()
-        warps = max(1, min(4, group * row // (32 * 16)))
-    programs = [
-        x.shape[0] * triton.cdiv(n, group) * triton.cdiv(seq, block_s)
-        for (x, _), n, seq in zip(arrays, lanes, seqs, strict=True)
-    ]
-    si = (0, 0, 0)  # strides of the index: (stream, row, token); 0 where shared
+def angle_arguments(
+    angles: Angles, spare: torch.Tensor
+) -> tuple[list[torch.Tensor], tuple[int, ...], tuple[int, ...]]:
+    """What :func:`_turns` reads of a call's angles: its five tensors (``spare``, any tensor,
+    where the mode reads none), the index's strides (stream, row, token) and the tables' (row,
+    token), 0 along an axis the batch shares."""
+    index, cos, sin, mode = angles.positions, angles.cos, angles.sin, angles.mode
+    si = (0, 0, 0)
     if index is not None and mode == STARTS:
         si = (0, index.stride(0) if index.shape[0] > 1 else 0, 0)
     elif index is not None and mode == POSITIONS:
@@ -274,8 +270,48 @@ def _launch(
         if cos.stride(-1) != 1 or sin.stride() != cos.stride():
             cos, sin = cos.contiguous(), sin.contiguous()
         sc = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1))
+    pointers = [spare if a is None else a for a in (index, angles.steps, angles.streams, cos, sin)]
+    return pointers, si, sc
+
+
+def tiling(seqs: list[Any], lanes: list[Any], pairs_p2: int, row_bytes: int) -> tuple[int, int, int]:
+    """A launch's block of tokens, group of heads and warps, for arrays of these lengths and
+    head counts (heads times trail), whose widest load of a row is ``row_bytes``."""
+    # A traced length or head count (a SymInt of torch.export's dynamic shapes) takes the widest
+    # block and group: fitting them to it would be a guard outside the range it declares.
+    widest = 2048 // pairs_p2
+    static = True
+    for n in (*seqs, *lanes):
+        static = static and isinstance(n, int)
+    block_s = max(1, min(triton.next_power_of_2(max(seqs)), widest)) if static else widest
+    if block_s > 1:
+        return block_s, min(8, max(lanes)) if static else 8, 4
+    # one token: a tile of the group's heads (a power of two), 16 bytes a thread
+    group = min(8, triton.next_power_of_2(max(lanes))) if static else 8
+    return block_s, group, max(1, min(4, group * row_bytes // (32 * 16)))
+
+
+def _launch(
+    arrays: list[tuple[torch.Tensor, torch.Tensor]], angles: Angles, *, copy_tail: bool, direct: bool
+) -> None:
+    """Rotate each five-axis x into its five-axis out (x itself in place), one or two arrays in
+    one launch: the first array's programs, then the second's. ``direct``: an eager call
+    launches the kernel itself, not through ``wrap_triton``, which the ops need for tracing."""
+    arrays = [(x, out) for x, out in arrays if x.numel() != 0]
+    if not arrays:
+        return
+    mode, pairs, flags = angles.mode, angles.pairs, angles.flags
+    pairs_p2 = triton.next_power_of_2(pairs)
+    seqs = [x.shape[2] for x, _ in arrays]
+    lanes = [x.shape[1] * x.shape[3] for x, _ in arrays]  # heads times trail
+    row = (pairs_p2 if flags & HALF else 2 * pairs_p2) * arrays[0][0].element_size()
+    block_s, group, warps = tiling(seqs, lanes, pairs_p2, row)
+    programs = [
+        x.shape[0] * triton.cdiv(n, group) * triton.cdiv(seq, block_s)
+        for (x, _), n, seq in zip(arrays, lanes, seqs, strict=True)
+    ]
     x, out = arrays[0]
-    pointers = [x if a is None else a for a in (index, angles.steps, angles.streams, cos, sin)]
+    pointers, si, sc = angle_arguments(angles, x)
     shapes = [(x.shape[1], x.shape[3], x.shape[2], *x.stride()[:4], *out.stride()[:4]) for x, out in arrays]
     y, y_out = arrays[-1]  # x again where it is alone: its programs are all there are
     width = x.shape[4]
