@@ -16,11 +16,26 @@ from typing import Any, NamedTuple
 
 from ._arrays import is_installed
 
-__all__ = ["Fusion", "PrologueJob", "PrologueLaunch"]
+__all__ = [
+    "AFTER_WEIGHT",
+    "BEFORE_WEIGHT",
+    "NO_NORM",
+    "ROUNDING_CODES",
+    "Fusion",
+    "PrologueJob",
+    "PrologueLaunch",
+]
 
-#: ``launch(q, k, v, norm, cache, host_places, source) -> (q, k)``: the fused pass of one call,
-#: prepared once per :class:`PrologueJob`; the cache is written in place.
+#: ``launch(q, k, v, norm, cache, places, host_places, source) -> (q, k)``: the fused pass of one
+#: call, prepared once per :class:`PrologueJob`; the cache is written in place. ``places``: each
+#: token's place as an array of k's library, or None where ``host_places`` (NumPy's) has them.
 PrologueLaunch = Callable[..., tuple[Any, Any]]
+
+
+#: Where a fused kernel's norm meets its weight, as the kernels take it: no norm, the weight
+#: after rounding to x's dtype (``"before_weight"``), or before it (``"after_weight"``).
+NO_NORM, BEFORE_WEIGHT, AFTER_WEIGHT = 0, 1, 2
+ROUNDING_CODES = {None: NO_NORM, "before_weight": BEFORE_WEIGHT, "after_weight": AFTER_WEIGHT}
 
 
 class PrologueJob(NamedTuple):
@@ -54,8 +69,9 @@ class Fusion:
     """One fused prologue and everything it takes: libraries, device types, dtypes, the norm's
     longest head (``longest_head``: its sum of squares is written for up to that many features),
     and the optional modules it needs (``requires``). It takes eager calls only, with no
-    gradients, where the cache's places are host values; it fuses a norm or a cache write (a
-    call with neither is a rotation, which the rotation kernels do)."""
+    gradients, where the cache's places are host values unless it reads them on the device
+    (``device_places``); it fuses a norm or a cache write (a call with neither is a rotation,
+    which the rotation kernels do)."""
 
     name: str
     summary: str
@@ -65,6 +81,10 @@ class Fusion:
     longest_head: int
     prepare: Callable[[PrologueJob], PrologueLaunch] = field(repr=False, compare=False)
     requires: tuple[str, ...] = ()
+    device_places: bool = False
+    # Whether its q and k equal the steps apart's bit for bit; else they are within a few units
+    # in the last place of each head's largest value (its summary says why).
+    exact: bool = True
     # What this machine refuses that no declaration can say (a probe, run once per kind of call):
     # why the fusion would not equal the steps apart here, or None.
     refuses: Callable[[PrologueJob], str | None] | None = field(default=None, repr=False, compare=False)
@@ -90,7 +110,8 @@ class Fusion:
             (not job.one_dtype, "no q, k and norm weights of different dtypes"),
             (job.rounding is not None and job.head_dim > self.longest_head,
              f"no norms over more than {self.longest_head} features"),
-            (job.cache is not None and not job.host_places, "no cache places that are not host values"),
+            (job.cache is not None and not job.host_places and not self.device_places,
+             "no cache places that are not host values"),
             (job.xpos, "no xPos scaling"),
             (not self.available, f"needs {', '.join(self.requires)}, which is not installed"),
         )  # fmt: skip

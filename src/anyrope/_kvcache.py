@@ -27,12 +27,20 @@ from ._compat import (
 )
 from ._dtypes import isdtype
 
-__all__ = ["LAYOUTS", "KVCache", "write"]
+__all__ = ["KERNEL_AXES", "LAYOUTS", "KVCache", "write"]
 
 #: The cache layouts: (batch, heads, rows, dim), (batch, rows, heads, dim), and paged ones,
 #: (pages, page_size, heads, dim) and (pages, heads, page_size, dim), addressed by a flat slot.
 LAYOUTS = ("bhsd", "bshd", "paged_nhd", "paged_hnd")
 _HEAD_AXIS = {"bhsd": 1, "bshd": 2, "paged_nhd": 2, "paged_hnd": 1}
+#: Each layout's axes in the order the fused kernels index a cache: (batch row or page, row or
+#: offset, head, dim).
+KERNEL_AXES = {
+    "bhsd": (0, 2, 1, 3),
+    "bshd": (0, 1, 2, 3),
+    "paged_nhd": (0, 1, 2, 3),
+    "paged_hnd": (0, 2, 1, 3),
+}
 _WRITERS = ("numpy", "cupy", "torch", "mlx", "jax.numpy")  # the libraries that write by index
 
 
@@ -209,20 +217,20 @@ def _offset_rows(offset: int, seq: int) -> Any:
     return np.arange(offset, offset + seq, dtype=np.int64)[None, :]
 
 
-def host_places(
+def kept_places(
     cache: KVCache, xp: Any, k: Any, seq_axis: int, cache_index: Any, positions: Any, offset: Any,
     multi_axis: bool,
-) -> Any:  # fmt: skip
-    """:func:`places`' host copy alone, for a call on the host whose arguments were checked but
-    for their values (a kept plan's): where an int offset alone gives a contiguous cache's rows
-    (every decode step's form), made and checked on the host without an array of k's library."""
+) -> tuple[Any, Any]:  # fmt: skip
+    """:func:`places` for a call whose arguments were checked but for their values (a kept
+    plan's): where an int offset alone gives a contiguous cache's rows (every decode step's
+    form), None and those rows, made and checked on the host without an array of k's library."""
     offset_alone = cache_index is None and positions is None and type(offset) is int
     if offset_alone and not cache.paged and not multi_axis:
         seq = k.shape[-2 if seq_axis == -2 else -3]
         if seq:
             _check_reach(cache, offset + seq - 1, "offset")
-        return _offset_rows(offset, seq)
-    return places(cache, xp, k, seq_axis, cache_index, positions, offset, multi_axis)[1]
+        return None, _offset_rows(offset, seq)
+    return places(cache, xp, k, seq_axis, cache_index, positions, offset, multi_axis)
 
 
 def _check_reach(cache: KVCache, last: int, arg: str) -> None:

@@ -91,24 +91,24 @@ def prologue(
     )
     kept = None if key is None else rotary.plans.find(key)
     if kept is not None:  # a fused call whose signature was checked: only its values' work
-        launch, plan = kept
-        host = None
+        launch, plan, device_places = kept
+        where = host = None
         if cache is not None:
             multi = rope.streams > 1
-            host = _kvcache.host_places(
+            where, host = _kvcache.kept_places(
                 cache, plan.ctx.xp, k, seq_axis, cache_index, positions, offset, multi
             )
-        if cache is None or host is not None:
-            q, k = launch(q, k, v, norm, cache, host, plan.source(rotary, positions, offset))
+        if cache is None or host is not None or device_places:
+            q, k = launch(q, k, v, norm, cache, where, host, plan.source(rotary, positions, offset))
             return Prologue(q, k, v, cache)
     checked = _checked(rope, q, k, v, positions, offset, seq_axis, norm, cache, cache_index)
     xp, places, host = checked
     fused = _fused(rope, q, k, v, positions, offset, seq_axis, norm, cache, host)
     if fused[0] is not None:
-        launch, plan, source = fused[0]
+        launch, plan, source, device_places = fused[0]
         if key is not None and plan.values is not None:
-            rotary.plans.keep(key, (launch, plan))
-        q, k = launch(q, k, v, norm, cache, host, source)
+            rotary.plans.keep(key, (launch, plan, device_places))
+        q, k = launch(q, k, v, norm, cache, places, host, source)
         return Prologue(q, k, v, cache)
     if norm is not None:
         q = norm.q(q, seq_axis=seq_axis)
@@ -181,9 +181,9 @@ _launches: Memo[PrologueLaunch] = Memo()
 def _fused(
     rope: RoPE, q: Any, k: Any, v: Any, positions: Any, offset: Any, seq_axis: int,
     norm: QKNorm | None, cache: KVCache | None, host: Any, *, explain: bool = False,
-) -> tuple[tuple[PrologueLaunch, Any, Any] | None, list[str]]:  # fmt: skip
-    """The launch of the fusion that takes this call, the call's rotation plan and its source of
-    angles, or None; and why each fusion before it (or every one) did not take it, then (with
+) -> tuple[tuple[PrologueLaunch, Any, Any, bool] | None, list[str]]:  # fmt: skip
+    """The launch of the fusion that takes this call, the call's rotation plan, its source of
+    angles and whether the fusion reads the cache's places on the device, or None; and why each fusion before it (or every one) did not take it, then (with
     ``explain``) what runs."""
     xp, library = namespace_and_library(("q", q))
     traced = is_traced(xp, q, k)
@@ -200,7 +200,10 @@ def _fused(
     if fusion is None:
         return None, why
     launch = _launches.get((fusion.name, job), lambda: _prepared(fusion, job))
-    return (launch, plan, source), [*why, f"{fusion.name} ({fusion.summary})"] if explain else why
+    return (launch, plan, source, fusion.device_places), [
+        *why,
+        f"{fusion.name} ({fusion.summary})",
+    ] if explain else why
 
 
 def _prepared(fusion: Fusion, job: PrologueJob) -> PrologueLaunch:

@@ -187,13 +187,14 @@ def prepare(jobs: tuple[Job, ...], switch: Switch, *, shared: bool) -> Any:
 def choose_fusion(job: PrologueJob, switch: Switch) -> tuple[Fusion | None, list[str]]:
     """The fused prologue that takes ``job`` under ``switch`` (every one where it is True, the
     one of a kernel's name, none where it is False or a stand-in), or None; and why each fusion
-    tried before it, or every one, did not take it."""
+    of the call's library tried before it, or every one, did not take it."""
     if switch is False or isinstance(switch, Kernel):
         return None, [
             "fast paths are off (use_fast_paths)" if switch is False else "a stand-in kernel is forced"
         ]
     why: list[str] = []
-    for fusion in FUSIONS:
+    # those of the call's library (all, where none takes it: each says so)
+    for fusion in [f for f in FUSIONS if job.library in f.libraries] or FUSIONS:
         if switch is not True and fusion.name != switch:
             why.append(f"{fusion.name}: use_fast_paths({switch!r}) names another kernel")
             continue

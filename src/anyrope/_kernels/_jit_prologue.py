@@ -23,13 +23,11 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
+from .._fusion import BEFORE_WEIGHT, NO_NORM
 from ._jit import HALF, INTERLEAVED, _where, inline, load, store
 
-__all__ = ["NO_NORM", "ROUNDING", "prologues"]
+__all__ = ["prologues"]
 
-# Where the norm's weight meets the features (the constant each kernel captures): no norm at all.
-NO_NORM, BEFORE_WEIGHT, AFTER_WEIGHT = 0, 1, 2
-ROUNDING = {None: NO_NORM, "before_weight": BEFORE_WEIGHT, "after_weight": AFTER_WEIGHT}
 _BLOCK = 128  # NumPy's pairwise summation sums blocks of up to this many elements with 8 accumulators
 
 # Plain calls, not numba's inlining: that retypes the whole body at each site, and with the

@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .._fusion import PrologueJob, PrologueLaunch
+from .._fusion import ROUNDING_CODES, PrologueJob, PrologueLaunch
+from .._kvcache import KERNEL_AXES
 from .._pairs import five_axes
 from .._qknorm import QKNorm
 from . import _numba
@@ -24,14 +25,6 @@ __all__ = ["LONGEST_HEAD", "prepare", "refuses"]
 #: The most features a head may have where the kernel normalises it: its sum of squares is
 #: NumPy's pairwise summation unrolled three levels deep (``_jit_prologue.LONGEST``).
 LONGEST_HEAD = 1024
-
-# The caches' axes as the kernel indexes them: (batch row or page, row or offset, head, dim).
-_CACHE_AXES = {
-    "bhsd": (0, 2, 1, 3),
-    "bshd": (0, 1, 2, 3),
-    "paged_nhd": (0, 1, 2, 3),
-    "paged_hnd": (0, 2, 1, 3),
-}
 
 
 def refuses(job: PrologueJob) -> str | None:
@@ -85,14 +78,14 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
     kind = STORAGE.get(job.dtype, "float")
     bits = kind != "float"
     numpy = job.library == "numpy"
-    kernel = _numba.prologue_kernel(job.layout, kind, _jit_prologue.ROUNDING[job.rounding])
+    kernel = _numba.prologue_kernel(job.layout, kind, ROUNDING_CODES[job.rounding])
     wide = "64" in str(job.compute)
     sign = (np.float64 if wide else np.float32)(-1.0 if job.inverse else 1.0)
     host_dtype = np.int16 if bits else np.float64 if job.dtype == "float64" else np.float32
     q_shape, k_shape, _ = job.shapes
     forms = [five_axes(shape, job.seq_axis) for shape in job.shapes if shape]
     batch, seq = forms[1][0], forms[1][2]
-    axes, paged = (_CACHE_AXES[job.cache], job.cache.startswith("paged")) if job.cache else ((), False)
+    axes, paged = (KERNEL_AXES[job.cache], job.cache.startswith("paged")) if job.cache else ((), False)
     count, wide_mean = float(job.head_dim), numpy  # np.mean divides in float64 (see _jit_prologue)
     lanes = sum_order(job.library, job.head_dim, _name(job.compute)) or 0 if job.rounding else 0
     tree = np.array(_jit_prologue.leaves(min(job.head_dim, LONGEST_HEAD)), dtype=np.int64)
@@ -118,7 +111,16 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
             return np.where(kept, where // size, -1), np.where(kept, where % size, 0)
         return np.where(kept, batch_rows, -1), np.where(kept, where, 0)
 
-    def launch(q: Any, k: Any, v: Any, norm: Any, cache: Any, host: Any, source: Any) -> tuple[Any, Any]:
+    def launch(
+        q: Any,
+        k: Any,
+        v: Any,
+        norm: Any,
+        cache: Any,
+        where: Any,  # noqa: ARG001 - the device places: this kernel reads the host's
+        host: Any,
+        source: Any,
+    ) -> tuple[Any, Any]:
         found = source.lookup(seq, job.compute)
         table, rows = found if found is not None else rows_of(source.ctx.xp, *source.tables(seq, job.compute))
         table = contiguous(table if numpy else table.numpy())
