@@ -204,6 +204,99 @@ def assert_same(backend: Backend, actual: Any, expected: Any, dtype: str, *, com
         np.testing.assert_array_equal(backend.to_numpy(actual), want)
 
 
+# How far a fused prologue that sums a head's squares in an order of its own (Triton's: see
+# anyrope._kernels._triton_prologue) may be from the steps apart, in units in the last place of
+# each head's largest value: its inverse RMS may be an ulp or so off torch's, then every feature
+# is scaled by it and rounded, and the rotation adds two such features. 16-bit dtypes round the
+# difference away but for one ulp.
+PROLOGUE_ULPS = {"float16": 1, "bfloat16": 1, "float32": 4, "float64": 4}
+
+
+def canary_cache(
+    backend: Backend,
+    layout: str,
+    dtype: str,
+    head_dim: int,
+    *,
+    batch: int,
+    kv_heads: int,
+    rows: int,
+    canary: float,
+) -> Any:
+    """An anyrope.KVCache of k and v filled with ``canary``: ``rows`` rows per batch row, or
+    (paged) 8 pages of 4 slots."""
+    import anyrope
+
+    shape = {
+        "bhsd": (batch, kv_heads, rows, head_dim), "bshd": (batch, rows, kv_heads, head_dim),
+        "paged_nhd": (8, 4, kv_heads, head_dim), "paged_hnd": (8, kv_heads, 4, head_dim),
+    }[layout]  # fmt: skip
+    full = np.full(shape, canary)
+    return anyrope.KVCache(backend.asarray(full, dtype), backend.asarray(full, dtype), layout=layout)
+
+
+def prologue_arrays(
+    backend: Backend, rng: np.random.Generator, dtype: str, head_dim: int, *, rounding: str | None,
+    offset: float, per_head: bool, seq_axis: int, shape: tuple[int, int, int, int],
+) -> tuple[Any, Any, Any, Any]:  # fmt: skip
+    """q, k and v of a prologue call, ``shape`` ``(batch, heads, kv_heads, seq)``, laid out by
+    ``seq_axis``, of three times standard normal values; and a QKNorm of random weights (one
+    row per k head where ``per_head``), or None without a ``rounding``."""
+    import anyrope
+
+    batch, heads, kv_heads, seq = shape
+
+    def axes(h: int) -> tuple[int, ...]:
+        return (batch, h, seq, head_dim) if seq_axis == -2 else (batch, seq, h, head_dim)
+
+    q, k, v = (backend.asarray(3 * rng.standard_normal(axes(h)), dtype) for h in (heads, kv_heads, kv_heads))
+    if rounding is None:
+        return q, k, v, None
+    k_weight = rng.standard_normal((kv_heads, head_dim) if per_head else (head_dim,))
+    norm = anyrope.QKNorm(
+        backend.asarray(rng.standard_normal(head_dim), dtype), backend.asarray(k_weight, dtype),
+        eps=1e-6, offset=offset, rounding=rounding,
+    )  # fmt: skip
+    return q, k, v, norm
+
+
+def skip_unless_it_runs(backend: Backend, what: str, devices: frozenset[str], available: bool) -> Backend:
+    """The backend, for a kernel declared for ``devices`` (Triton's: CUDA, and the CPU under its
+    interpreter); the test skipped elsewhere, or where its library is not installed."""
+    from anyrope._compat import environment
+
+    device_type = environment(backend.xp, backend.device).device_type
+    if device_type not in devices:
+        pytest.skip(f"{what} runs on {device_type} only under TRITON_INTERPRET=1")
+    if not available:
+        pytest.skip("triton is not installed")
+    return backend
+
+
+def prologue_exact(library: str, device_type: str) -> bool:
+    """Whether anyrope.prologue's calls of this library and device equal their steps apart bit
+    for bit: not where a fusion declared inexact takes them."""
+    from anyrope._kernels import FUSIONS
+
+    return not any(
+        not f.exact and f.available and library in f.libraries and device_type in f.devices for f in FUSIONS
+    )
+
+
+def assert_prologue_same(got: np.ndarray, want: np.ndarray, dtype: str, *, exact: bool) -> None:
+    """A prologue's q or k (host arrays, 16-bit floats widened to float32) as its steps apart's:
+    bit for bit where ``exact``, else within PROLOGUE_ULPS of each head's largest value."""
+    if exact:
+        np.testing.assert_array_equal(got, want)
+        return
+    wide = np.asarray(want, dtype=np.float64)
+    largest = np.max(np.abs(wide), axis=-1, keepdims=True)
+    bits = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}[dtype]
+    ulp = np.exp2(np.floor(np.log2(np.maximum(largest, np.finfo(np.float64).tiny))) - bits)
+    err = np.abs(np.asarray(got, dtype=np.float64) - wide) / ulp
+    assert float(err.max(initial=0.0)) <= PROLOGUE_ULPS[dtype], f"{dtype}: {err.max():.3g} ulps"
+
+
 def assert_close(
     backend: Backend, actual: Any, expected: np.ndarray, dtype: str, *, scale: float | None = None
 ) -> None:

@@ -19,10 +19,9 @@ import numpy as np
 import pytest
 
 import anyrope
-from anyrope._compat import environment
 from anyrope.scaling import DynamicNTK
 
-from harness import Backend, assert_close, compiled_ops
+from harness import Backend, assert_close, compiled_ops, skip_unless_it_runs
 
 TRITON = next(k for k in anyrope.kernels() if k.name == "triton")
 pytestmark = pytest.mark.backends("torch")  # the tests that take a backend: the kernel's library
@@ -30,12 +29,7 @@ pytestmark = pytest.mark.backends("torch")  # the tests that take a backend: the
 
 @pytest.fixture
 def torch_backend(backend: Backend) -> Backend:
-    device_type = environment(backend.xp, backend.device).device_type
-    if device_type not in TRITON.devices:
-        pytest.skip(f"the Triton kernel runs on {device_type} only under TRITON_INTERPRET=1")
-    if not TRITON.available:
-        pytest.skip("triton is not installed")
-    return backend
+    return skip_unless_it_runs(backend, "the Triton kernel", TRITON.devices, TRITON.available)
 
 
 def _tensor(backend: Backend, shape: tuple[int, ...], dtype: str = "float32", seed: int = 0) -> Any:
@@ -254,9 +248,15 @@ def _compile_script(name: str, *args: str) -> str:
 def test_kernel_compiles_for_nvidia_gpus() -> None:
     """What the interpreter cannot check: the kernel through Triton's compiler and ptxas, for
     A100 and H100, in each angle mode and dtype, and which tensors its launches write as
-    inductor reads them (tests/triton_aot.py)."""
+    inductor reads them; and the fused prologue's kernel in each dtype, angle mode, norm rounding
+    and kind of places (tests/triton_aot.py)."""
     out = _compile_script("triton_aot.py")
-    assert out.split() == ["14", "3", "2"]  # kernels built, launches read, layouts compared
+    assert out.split() == [
+        "14",
+        "3",
+        "2",
+        "4",
+    ]  # kernels built, launches read, layouts compared, prologues built
 
 
 def test_kernel_report_for_the_gpu_benchmark(tmp_path: Path) -> None:

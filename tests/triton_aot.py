@@ -83,8 +83,52 @@ def main() -> int:
             )  # fmt: skip
             assert compiled.asm["cubin"], f"no cubin for {dtype}, mode {mode}, sm_{arch}"
             built += 1
-    print(built, written_once(), vector_accesses())
+    print(built, written_once(), vector_accesses(), prologue_kernels())
     return 0
+
+
+# The fused prologue's variants (dtype, angle mode, multi-axis, half layout, norm rounding, places,
+# paged, block of tokens, features): every dtype, mode, rounding and kind of places at least once.
+PROLOGUES = [
+    ("bfloat16", POSITIONS, True, True, 1, 2, True, 1, 128),
+    ("float32", OFFSET, False, False, 2, 1, False, 16, 128),
+    ("float64", TABLES, False, True, 0, 2, False, 4, 64),
+    ("float16", STARTS, False, False, 1, 2, True, 32, 80),
+]
+
+
+def prologue_kernels() -> int:
+    """The fused prologue's kernel (anyrope._kernels._triton_prologue) through Triton's compiler
+    and ptxas for an H100, in each variant: how many were built."""
+    from anyrope._kernels import _triton_prologue
+
+    kernel = _triton_prologue._prologue_kernel
+    names = kernel.arg_names
+    built = 0
+    for dtype, mode, multi, half, rounding, places, paged, block_s, width in PROLOGUES:
+        pairs = 24 if width == 80 else width // 2
+        tail = width - 2 * pairs
+        constants = {
+            "WIDTH": width, "V_WIDTH": width, "PAIRS": pairs, "PAIRS_P2": triton.next_power_of_2(pairs),
+            "TAIL_P2": triton.next_power_of_2(tail) if tail else 0, "V_P2": triton.next_power_of_2(width),
+            "MODE": mode, "MULTI": multi, "HALF": half, "INVERSE": False, "SCALED": mode != TABLES,
+            "WIDE": dtype == "float64", "BF16": dtype == "bfloat16", "NARROW": dtype in ("bfloat16", "float16"),
+            "SPLIT": SPLIT_BITS, "MASK": (1 << SPLIT_BITS) - 1, "ROUNDING": rounding, "SHIFTED": rounding == 2,
+            "PLACES": places, "PAGED": paged, "BLOCK_S": block_s, "HEADS": 8,
+        }  # fmt: skip
+        arrays = ("q_ptr", "q_out_ptr", "wq_ptr", "k_ptr", "k_out_ptr", "wk_ptr", "v_ptr")
+        kinds = signature(names, dtype) | dict.fromkeys(arrays, POINTERS[dtype])
+        kinds |= {"ck_ptr": POINTERS[dtype], "cv_ptr": POINTERS[dtype], "place_ptr": "*i64"}
+        kinds["numbers_ptr"] = "*fp64" if dtype == "float64" else "*fp32"
+        source = ASTSource(
+            fn=kernel, signature=kinds, constexprs={(names.index(k),): v for k, v in constants.items()}
+        )
+        compiled = triton.compile(
+            source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}
+        )
+        assert compiled.asm["cubin"], f"no cubin for the prologue in {dtype}"
+        built += 1
+    return built
 
 
 def vector_accesses() -> int:

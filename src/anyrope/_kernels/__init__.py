@@ -198,4 +198,20 @@ FUSIONS: tuple[Fusion, ...] = (
         requires=("numba",),
         refuses=numba_prologue.refuses,
     ),
+    Fusion(
+        name="triton",
+        summary="one Triton launch per call for torch CUDA tensors: each head of q and k read once, "
+        "normalised, rotated by the rotation kernel's angles and rounded where the steps apart "
+        "round, and k and v written into the cache at places read on the device; it sums a head's "
+        "squares in Triton's order, not torch's, so q and k are within a few units in the last "
+        "place of each head's largest value, not bit for bit",
+        libraries=frozenset({"torch"}),
+        devices=triton_cuda.DEVICES,
+        dtypes=FLOATS | {"float16", "bfloat16"},
+        longest_head=triton_cuda.LONGEST_HEAD,
+        prepare=triton_cuda.prepare_prologue,
+        requires=("triton",),
+        device_places=True,
+        exact=False,
+    ),
 )

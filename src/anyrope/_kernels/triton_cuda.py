@@ -8,12 +8,25 @@ from __future__ import annotations
 
 import os
 
+from .._fusion import PrologueJob, PrologueLaunch
 from .._job import Job, Launch, PairLaunch, turn_alike
 
-__all__ = ["DEVICES", "prepare", "prepare_pair", "prepare_pair_traced", "prepare_traced"]
+__all__ = [
+    "DEVICES",
+    "LONGEST_HEAD",
+    "prepare",
+    "prepare_pair",
+    "prepare_pair_traced",
+    "prepare_prologue",
+    "prepare_traced",
+]
 
 #: CUDA (and ROCm, which torch also calls "cuda"); the CPU as well under Triton's interpreter
 DEVICES = frozenset({"cuda", "cpu"} if os.environ.get("TRITON_INTERPRET") == "1" else {"cuda"})
+
+#: The most features a head may have where the fused prologue normalises it: a program holds
+#: its rows of them in registers.
+LONGEST_HEAD = 1024
 
 
 def prepare(job: Job) -> Launch:
@@ -48,4 +61,12 @@ def prepare_pair_traced(q: Job, k: Job) -> PairLaunch | None:
     from . import _triton
 
     launch: PairLaunch = _triton.prepare_pair_traced(q, k)
+    return launch
+
+
+def prepare_prologue(job: PrologueJob) -> PrologueLaunch:
+    """The fused attention prologue's launch (see :mod:`._triton_prologue`)."""
+    from . import _triton_prologue
+
+    launch: PrologueLaunch = _triton_prologue.prepare(job)
     return launch

@@ -1,0 +1,354 @@
+"""The fused prologue for torch CUDA tensors: QK-norm, RoPE and the KV-cache write in one
+Triton launch; imported on first use (it imports torch and triton).
+
+q's programs come first, then k's: a program takes a block of tokens of one batch row in a
+group of heads (one token: the group's heads as one tile), as the rotation kernel does
+(:mod:`._triton`, whose angles it shares: :func:`._triton._turns`). Each head's features are
+read once: their squares summed, normalised as the generic :class:`anyrope.QKNorm` does (the
+same operations and roundings, ``rsqrt`` as torch's), rotated, written, and for k written again
+at its place in the cache, where v's row goes too. Only the sum of squares is summed in
+Triton's order, not torch's: the result is within a unit in the last place of the steps apart.
+
+The places are read on the device (``cache_index``, positions) or formed from an int offset,
+so nothing is read on the host; a place past the cache is not written (on the host such places
+are refused before the launch).
+"""
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from .._angles import SPLIT_BITS
+from .._fusion import ROUNDING_CODES, PrologueJob, PrologueLaunch
+from .._kvcache import KERNEL_AXES
+from ._triton import (
+    HALF,
+    Angles,
+    _five,
+    _flags,
+    _narrow,
+    _one_launch_at_a_time,
+    _tile,
+    _turns,
+    _widen,
+    angle_arguments,
+    tiling,
+)
+
+__all__ = ["prepare"]
+
+NO_PLACES, RUN, INDEX = 0, 1, 2  # where k and v go: nowhere, rows from an int offset, the places given
+
+
+@triton.jit
+def _rounded(v, NARROW: tl.constexpr, BF16: tl.constexpr, STORE: tl.constexpr, COMPUTE: tl.constexpr):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """v rounded to the storage dtype and widened again, where that is narrower."""
+    if NARROW:
+        return _widen(_narrow(v, BF16, STORE), BF16, COMPUTE)
+    return v
+
+
+@triton.jit
+def _normed(  # type: ignore[no-untyped-def]  # pragma: no cover
+    x, r, w_at, w_ok, offset, ROUNDING: tl.constexpr, SHIFTED: tl.constexpr, NARROW: tl.constexpr,
+    BF16: tl.constexpr, STORE: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """Features ``x`` normalised by their rows' ``r`` and weighted (the weights at ``w_at``,
+    where ``w_ok``) as QKNorm does, rounded where it rounds."""
+    if ROUNDING == 0:
+        return x
+    h = x * r
+    weight = _widen(tl.load(w_at, mask=w_ok, other=0.0), BF16, COMPUTE)
+    if ROUNDING == 1:  # (weight + offset) in the weight's dtype, times h rounded to x's
+        if SHIFTED:
+            weight = _rounded(weight + offset, NARROW, BF16, STORE, COMPUTE)
+        return _rounded(weight * _rounded(h, NARROW, BF16, STORE, COMPUTE), NARROW, BF16, STORE, COMPUTE)
+    if SHIFTED:
+        weight = offset + weight
+    return _rounded(h * weight, NARROW, BF16, STORE, COMPUTE)
+
+
+@triton.jit
+def _sum_squares(x):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Each row's sum of squares in float64: float32's rounded once, nearly as the exact sum."""
+    wide = x.to(tl.float64)
+    return tl.sum(wide * wide, 1)
+
+
+@triton.jit
+def _prologue_rows(  # type: ignore[no-untyped-def]  # pragma: no cover
+    x_rows, out_rows, w_rows, rows_ok, c, n, eps, offset, ck_rows, cv_rows, v_rows, write_ok, sck_dim, scv_dim,
+    WIDTH: tl.constexpr, V_WIDTH: tl.constexpr, PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr,
+    TAIL_P2: tl.constexpr, V_P2: tl.constexpr, HALF: tl.constexpr, ROUNDING: tl.constexpr,
+    SHIFTED: tl.constexpr, NARROW: tl.constexpr, BF16: tl.constexpr, COMPUTE: tl.constexpr,
+    CACHE: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """ROWS rows of features (tokens of a head, or heads of a token), each normalised, turned by
+    its row of ``c`` and ``n`` and written to ``out_rows``; with CACHE, to ``ck_rows`` too, and
+    v's rows to ``cv_rows``, where ``write_ok``."""
+    STORE: tl.constexpr = out_rows.dtype.element_ty
+    if HALF:  # pair j is (j, j + PAIRS)
+        j = tl.arange(0, PAIRS_P2)[None, :]
+        here = rows_ok[:, None] & (j < PAIRS)
+        x1 = _widen(tl.load(x_rows + j, mask=here, other=0.0), BF16, COMPUTE)
+        x2 = _widen(tl.load(x_rows + j + PAIRS, mask=here, other=0.0), BF16, COMPUTE)
+    else:  # pair j is (2j, 2j + 1): contiguous rows split into pairs in registers
+        j = tl.arange(0, 2 * PAIRS_P2)[None, :]
+        here = rows_ok[:, None] & (j < 2 * PAIRS)
+        row = _widen(tl.load(x_rows + j, mask=here, other=0.0), BF16, COMPUTE)
+    if TAIL_P2 > 0:  # features past the rotated ones (partial rotary): normalised, not turned
+        tail = 2 * PAIRS + tl.arange(0, TAIL_P2)[None, :]
+        kept = rows_ok[:, None] & (tail < WIDTH)
+        x3 = _widen(tl.load(x_rows + tail, mask=kept, other=0.0), BF16, COMPUTE)
+    r = 1.0
+    if ROUNDING != 0:
+        if HALF:  # noqa: SIM108 - a constexpr branch: the other's names are not defined
+            squares = _sum_squares(x1) + _sum_squares(x2)
+        else:
+            squares = _sum_squares(row)
+        if TAIL_P2 > 0:
+            squares += _sum_squares(x3)
+        squares = squares.to(COMPUTE)
+        if COMPUTE == tl.float64:  # noqa: SIM300 - a constexpr dtype
+            mean = squares / WIDTH
+        else:  # Triton's "/" divides approximately on a GPU
+            mean = tl.div_rn(squares, tl.full(squares.shape, WIDTH, COMPUTE))
+        r = tl.rsqrt(mean + eps)[:, None]
+    if HALF:
+        x1 = _normed(x1, r, w_rows + j, j < PAIRS, offset, ROUNDING, SHIFTED, NARROW, BF16, STORE, COMPUTE)
+        x2 = _normed(
+            x2, r, w_rows + j + PAIRS, j < PAIRS, offset, ROUNDING, SHIFTED, NARROW, BF16, STORE, COMPUTE
+        )
+        first = _narrow(x1 * c - x2 * n, BF16, STORE)
+        second = _narrow(x2 * c + x1 * n, BF16, STORE)
+        tl.store(out_rows + j, first, mask=here)
+        tl.store(out_rows + j + PAIRS, second, mask=here)
+        if CACHE:
+            there = here & write_ok[:, None]
+            tl.store(ck_rows + j * sck_dim, first, mask=there)
+            tl.store(ck_rows + (j + PAIRS) * sck_dim, second, mask=there)
+    else:
+        row = _normed(
+            row, r, w_rows + j, j < 2 * PAIRS, offset, ROUNDING, SHIFTED, NARROW, BF16, STORE, COMPUTE
+        )
+        x1, x2 = tl.split(tl.reshape(row, (ROWS, PAIRS_P2, 2)))
+        turned = tl.reshape(tl.join(x1 * c - x2 * n, x2 * c + x1 * n), (ROWS, 2 * PAIRS_P2))
+        turned = _narrow(turned, BF16, STORE)
+        tl.store(out_rows + j, turned, mask=here)
+        if CACHE:
+            tl.store(ck_rows + j * sck_dim, turned, mask=here & write_ok[:, None])
+    if TAIL_P2 > 0:
+        x3 = _normed(
+            x3, r, w_rows + tail, tail < WIDTH, offset, ROUNDING, SHIFTED, NARROW, BF16, STORE, COMPUTE
+        )
+        x3 = _narrow(x3, BF16, STORE)
+        tl.store(out_rows + tail, x3, mask=kept)
+        if CACHE:
+            tl.store(ck_rows + tail * sck_dim, x3, mask=kept & write_ok[:, None])
+    if CACHE:
+        d = tl.arange(0, V_P2)[None, :]
+        moved = write_ok[:, None] & (d < V_WIDTH)
+        tl.store(cv_rows + d * scv_dim, tl.load(v_rows + d, mask=moved), mask=moved)
+
+
+@triton.jit
+def _prologue_block(  # type: ignore[no-untyped-def]  # pragma: no cover
+    pid, x_ptr, out_ptr, w_ptr, sw, heads, trail, seq, sxb, sxh, sxs, sxt, sob, soh, sos, sot,
+    v_ptr, svb, svh, svs, svt, ck_ptr, cv_ptr, sck_outer, sck_row, sck_head, sck_dim,
+    scv_outer, scv_row, scv_head, scv_dim, place_ptr, place_start, sp_row, sp_seq, page_size, capacity,
+    index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr, start, si_stream, si_row, si_seq, sc_row, sc_seq,
+    eps, offset,
+    WIDTH: tl.constexpr, V_WIDTH: tl.constexpr, PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr,
+    TAIL_P2: tl.constexpr, V_P2: tl.constexpr, MODE: tl.constexpr, MULTI: tl.constexpr, HALF: tl.constexpr,
+    INVERSE: tl.constexpr, SCALED: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr, NARROW: tl.constexpr,
+    SPLIT: tl.constexpr, MASK: tl.constexpr, ROUNDING: tl.constexpr, SHIFTED: tl.constexpr,
+    PLACES: tl.constexpr, PAGED: tl.constexpr, BLOCK_S: tl.constexpr, HEADS: tl.constexpr,
+):  # fmt: skip
+    """Program ``pid`` of one array (k's where PLACES, which writes the cache): a block of
+    tokens of one batch row, in a group of heads."""
+    COMPUTE: tl.constexpr = tl.float64 if WIDE else tl.float32
+    b, group, s, s_ok = _tile(pid, heads, trail, seq, BLOCK_S, HEADS)
+    c, n = _turns(
+        b, s, s_ok, index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr, start, si_stream, si_row, si_seq, sc_row,
+        sc_seq, PAIRS, PAIRS_P2, MODE, MULTI, INVERSE, SCALED, COMPUTE, SPLIT, MASK,
+    )  # fmt: skip
+    if PLACES == 1:  # RUN: an int offset's rows
+        slot = place_start + s
+    elif PLACES == 2:  # INDEX: the places given, on the device
+        slot = tl.load(place_ptr + b * sp_row + s * sp_seq, mask=s_ok, other=-1).to(tl.int64)
+    else:  # q's programs: no cache
+        slot = s * 0 - 1
+    write = s_ok & (slot >= 0) & (slot < capacity)
+    slot = tl.where(write, slot, 0)
+    if PAGED:
+        outer = slot // page_size
+        at = slot % page_size
+    else:
+        outer = b + 0 * slot
+        at = slot
+    cached = (outer * sck_outer + at * sck_row, outer * scv_outer + at * scv_row)
+    if BLOCK_S == 1:  # one token (a decode step): the group's heads as one tile
+        head = group * HEADS + tl.arange(0, HEADS)
+        live = (head < heads * trail) & s_ok
+        a = (head // trail).to(tl.int64)
+        t = (head % trail).to(tl.int64)
+        head = head.to(tl.int64)
+        x_rows = x_ptr + (b * sxb + a * sxh + t * sxt + s * sxs)[:, None]
+        out_rows = out_ptr + (b * sob + a * soh + t * sot + s * sos)[:, None]
+        _prologue_rows(
+            x_rows, out_rows, w_ptr + (tl.where(live, head, 0) * sw)[:, None], live, c, n, eps, offset,
+            ck_ptr + (cached[0] + head * sck_head)[:, None], cv_ptr + (cached[1] + head * scv_head)[:, None],
+            v_ptr + (b * svb + a * svh + t * svt + s * svs)[:, None], live & write, sck_dim, scv_dim,
+            WIDTH, V_WIDTH, PAIRS, PAIRS_P2, TAIL_P2, V_P2, HALF, ROUNDING, SHIFTED, NARROW, BF16, COMPUTE,
+            PLACES != 0, HEADS,
+        )  # fmt: skip
+    else:
+        for h in range(HEADS):
+            head = (group * HEADS + h).to(tl.int64)
+            live = head < heads * trail
+            a = head // trail
+            t = head % trail
+            rows_ok = s < tl.where(live, seq, 0)  # tokens of the sequence, none past the last head
+            _prologue_rows(
+                x_ptr + b * sxb + a * sxh + t * sxt + s[:, None] * sxs,
+                out_ptr + b * sob + a * soh + t * sot + s[:, None] * sos, w_ptr + tl.where(live, head, 0) * sw, rows_ok, c, n,
+                eps, offset, ck_ptr + (cached[0] + head * sck_head)[:, None],
+                cv_ptr + (cached[1] + head * scv_head)[:, None], v_ptr + b * svb + a * svh + t * svt + s[:, None] * svs,
+                rows_ok & write, sck_dim, scv_dim, WIDTH, V_WIDTH, PAIRS, PAIRS_P2, TAIL_P2, V_P2, HALF, ROUNDING,
+                SHIFTED, NARROW, BF16, COMPUTE, PLACES != 0, BLOCK_S,
+            )  # fmt: skip
+
+
+@triton.jit
+def _prologue_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover
+    q_ptr, q_out_ptr, wq_ptr, k_ptr, k_out_ptr, wk_ptr, v_ptr, ck_ptr, cv_ptr, place_ptr,
+    index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr, numbers_ptr,
+    start, place_start, q_programs, page_size, capacity,
+    heads, trail, seq, sqb, sqh, sqs, sqt, sob, soh, sos, sot, swq,
+    k_heads, k_trail, skb, skh, sks, skt, skob, skoh, skos, skot, swk, svb, svh, svs, svt,
+    sck_outer, sck_row, sck_head, sck_dim, scv_outer, scv_row, scv_head, scv_dim, sp_row, sp_seq,
+    si_stream, si_row, si_seq, sc_row, sc_seq,
+    WIDTH: tl.constexpr, V_WIDTH: tl.constexpr, PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr,
+    TAIL_P2: tl.constexpr, V_P2: tl.constexpr, MODE: tl.constexpr, MULTI: tl.constexpr, HALF: tl.constexpr,
+    INVERSE: tl.constexpr, SCALED: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr, NARROW: tl.constexpr,
+    SPLIT: tl.constexpr, MASK: tl.constexpr, ROUNDING: tl.constexpr, SHIFTED: tl.constexpr,
+    PLACES: tl.constexpr, PAGED: tl.constexpr, BLOCK_S: tl.constexpr, HEADS: tl.constexpr,
+):  # fmt: skip
+    """q's programs, then k's (which write the cache). ``numbers_ptr``: the norm's eps and
+    weight offset in the compute dtype (a Python float argument would be float32)."""
+    pid = tl.program_id(0)
+    eps = tl.load(numbers_ptr)
+    offset = tl.load(numbers_ptr + 1)
+    if pid < q_programs:
+        _prologue_block(
+            pid, q_ptr, q_out_ptr, wq_ptr, swq, heads, trail, seq, sqb, sqh, sqs, sqt, sob, soh, sos, sot,
+            v_ptr, svb, svh, svs, svt, ck_ptr, cv_ptr, sck_outer, sck_row, sck_head, sck_dim,
+            scv_outer, scv_row, scv_head, scv_dim, place_ptr, place_start, sp_row, sp_seq, page_size, capacity,
+            index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr, start, si_stream, si_row, si_seq, sc_row, sc_seq,
+            eps, offset, WIDTH, V_WIDTH, PAIRS, PAIRS_P2, TAIL_P2, V_P2, MODE, MULTI, HALF, INVERSE, SCALED, WIDE,
+            BF16, NARROW, SPLIT, MASK, ROUNDING, SHIFTED, 0, PAGED, BLOCK_S, HEADS,
+        )  # fmt: skip
+    else:
+        _prologue_block(
+            pid - q_programs, k_ptr, k_out_ptr, wk_ptr, swk, k_heads, k_trail, seq, skb, skh, sks, skt,
+            skob, skoh, skos, skot, v_ptr, svb, svh, svs, svt, ck_ptr, cv_ptr, sck_outer, sck_row, sck_head,
+            sck_dim, scv_outer, scv_row, scv_head, scv_dim, place_ptr, place_start, sp_row, sp_seq, page_size,
+            capacity, index_ptr, steps_ptr, streams_ptr, cos_ptr, sin_ptr, start, si_stream, si_row, si_seq,
+            sc_row, sc_seq, eps, offset, WIDTH, V_WIDTH, PAIRS, PAIRS_P2, TAIL_P2, V_P2, MODE, MULTI, HALF,
+            INVERSE, SCALED, WIDE, BF16, NARROW, SPLIT, MASK, ROUNDING, SHIFTED, PLACES, PAGED, BLOCK_S, HEADS,
+        )  # fmt: skip
+
+
+def _five_of(x: torch.Tensor, seq_axis: int) -> torch.Tensor:
+    found = _five(x, seq_axis)
+    if found is None:
+        found = _five(x.contiguous(), seq_axis)
+    assert found is not None
+    return found
+
+
+def prepare(job: PrologueJob) -> PrologueLaunch:
+    """The launch of one kind of prologue call: what its signature fixes worked out here once;
+    a call views its arrays, reads its angles and places, and launches once."""
+    axis, compute = job.seq_axis, job.compute
+    rounding = ROUNDING_CODES[job.rounding]
+    paged = bool(job.cache and job.cache.startswith("paged"))
+    axes = KERNEL_AXES[job.cache] if job.cache else None
+    v_shape = job.shapes[2]
+    head_dim = job.head_dim
+    v_width = v_shape[-1] if v_shape else 1
+    numbers: dict[tuple[float, float], torch.Tensor] = {}
+
+    def constants(norm: Any, like: torch.Tensor) -> torch.Tensor:
+        """The norm's eps and offset as a tensor on the device, made once per pair of values."""
+        eps, offset = (0.0, 0.0) if norm is None else (float(norm.eps), float(norm.offset))
+        found = numbers.get((eps, offset))
+        if found is None:
+            found = numbers[eps, offset] = torch.tensor([eps, offset], dtype=compute, device=like.device)
+        return found
+
+    def weights(weight: Any, like: torch.Tensor) -> tuple[torch.Tensor, int]:
+        if weight is None:
+            return like, 0
+        rows = weight.reshape(-1, head_dim) if weight.ndim == 2 else weight.reshape(1, head_dim)
+        rows = rows if rows.stride(-1) == 1 else rows.contiguous()
+        return rows, rows.stride(0) if rows.shape[0] > 1 else 0
+
+    def launch(
+        q: Any, k: Any, v: Any, norm: Any, cache: Any, where: Any, host: Any, source: Any
+    ) -> tuple[Any, Any]:
+        fused = source.kernel_angles(compute)
+        angles = Angles(
+            fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin, fused.mode, fused.pairs,
+            _flags(job, fused),
+        )  # fmt: skip
+        out_q, out_k = torch.empty_like(q), torch.empty_like(k)
+        q5, k5, oq5, ok5 = _five_of(q, axis), _five_of(k, axis), _five_of(out_q, axis), _five_of(out_k, axis)
+        pointers, si, sc = angle_arguments(angles, q5)
+        wq, swq = weights(None if norm is None else norm.q_weight, q5)
+        wk, swk = weights(None if norm is None else norm.k_weight, k5)
+        places, place_start, sp = q5, 0, (0, 0)
+        if cache is None:
+            v5, ck, cv, mode, page_size, capacity = k5, k5, k5, NO_PLACES, 1, 0
+            strides = (0,) * 8
+        else:
+            v5 = _five_of(v, axis)
+            ck, cv = cache.k.permute(axes), cache.v.permute(axes)
+            strides = (*ck.stride(), *cv.stride())
+            page_size, capacity = (ck.shape[1], cache.places) if paged else (1, cache.places)
+            if where is None:  # an int offset's rows, known on the host
+                mode, place_start = RUN, int(host[0, 0]) if host.size else 0
+            else:
+                mode, places = INDEX, where
+                sp = (where.stride(0) if where.shape[0] > 1 else 0, where.stride(1))
+        pairs_p2 = triton.next_power_of_2(fused.pairs)
+        row = (pairs_p2 if angles.flags & HALF else 2 * pairs_p2) * q.element_size()
+        block_s, group, warps = tiling([q5.shape[2]], [q5.shape[1] * q5.shape[3], k5.shape[1] * k5.shape[3]], pairs_p2, row)  # fmt: skip
+        programs = [
+            x.shape[0] * triton.cdiv(x.shape[1] * x.shape[3], group) * triton.cdiv(x.shape[2], block_s)
+            for x in (q5, k5)
+        ]
+        if not sum(programs):
+            return out_q, out_k
+        tail = head_dim - 2 * fused.pairs
+        with _one_launch_at_a_time:
+            _prologue_kernel[(sum(programs),)](
+                q5, oq5, wq, k5, ok5, wk, v5, ck, cv, places, *pointers, constants(norm, q),
+                angles.start, place_start, programs[0], page_size, capacity,
+                q5.shape[1], q5.shape[3], q5.shape[2], *q5.stride()[:4], *oq5.stride()[:4], swq,
+                k5.shape[1], k5.shape[3], *k5.stride()[:4], *ok5.stride()[:4], swk, *v5.stride()[:4],
+                *strides, *sp, *si, *sc,
+                WIDTH=head_dim, V_WIDTH=v_width, PAIRS=fused.pairs, PAIRS_P2=pairs_p2,
+                TAIL_P2=triton.next_power_of_2(tail) if tail else 0,
+                V_P2=triton.next_power_of_2(v_width), MODE=angles.mode, MULTI=angles.streams is not None,
+                HALF=bool(angles.flags & HALF), INVERSE=job.inverse, SCALED=fused.scaled,
+                WIDE=q.dtype == torch.float64, BF16=q.dtype == torch.bfloat16,
+                NARROW=q.dtype in (torch.float16, torch.bfloat16), SPLIT=SPLIT_BITS, MASK=(1 << SPLIT_BITS) - 1,
+                ROUNDING=rounding, SHIFTED=norm is not None and norm.offset != 0, PLACES=mode, PAGED=paged,
+                BLOCK_S=block_s, HEADS=group, enable_fp_fusion=False, num_warps=warps,
+            )  # fmt: skip
+        return out_q, out_k
+
+    return launch
