@@ -168,3 +168,16 @@ def test_self_check_lists_the_fused_kernels(capsys: pytest.CaptureFixture[str]) 
     found = is_installed("numba")
     assert numba.endswith("available") if found else numba.endswith('pip install "anyrope[numba]"')
     assert "mlx-compiled" not in out  # only kernels for the libraries checked
+
+
+def test_self_check_lists_the_fused_prologues(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each fused attention prologue for the libraries checked, and what it needs."""
+    pytest.importorskip("torch")
+    main(["-b", "torch"])
+    out = capsys.readouterr().out
+    assert "fused attention prologues" in out
+    lines = out.split("fused attention prologues")[1].splitlines()
+    triton = next(line for line in lines if line.strip().startswith("triton "))
+    assert "torch on " in triton
+    assert "cuda" in triton  # (and cpu under Triton's interpreter)
+    assert triton.endswith("available") if is_installed("triton") else triton.endswith("pip install triton")

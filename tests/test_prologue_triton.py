@@ -37,6 +37,8 @@ CASES = [
     ("bfloat16", 128, 128, "half", "before_weight", 0.0, False, -2, "bhsd", [16, 24, 24]),
     ("bfloat16", 96, 64, "interleaved", "after_weight", 0.0, True, -2, None, None),
     ("float32", 64, 64, "half", None, 0.0, False, -3, "bshd", None),  # rope and the cache write alone
+    ("bfloat16", 576, 64, "interleaved", "before_weight", 0.0, False, -3, "paged_nhd", None),  # MLA's width
+    ("float32", 192, 192, "half", "after_weight", 1.0, True, -2, "bhsd", None),
 ]
 
 
@@ -229,3 +231,37 @@ def test_cuda_graph_replays_new_places(torch_backend: Backend) -> None:
         for b, (row,) in enumerate(new):
             stored, wanted = _host(backend, cache.k[b, :, row]), _host(backend, steps.k[b, :, row])
             assert_prologue_same(stored, wanted, "bfloat16", exact=False)
+
+
+def test_places_past_the_cache(torch_backend: Backend) -> None:
+    """A place past the cache: refused with nothing written where the places are host values
+    (CPU tensors); on a GPU, where nothing reads them on the host, the kernel skips it and writes
+    the others, with no synchronisation of the device (torch's sync debug mode raises on one)."""
+    import torch
+
+    backend = torch_backend
+    rope = anyrope.RoPE(64)
+    q = _array(backend, RNG.standard_normal((1, HEADS, 2, 64)), "float32")
+    k, v = (_array(backend, RNG.standard_normal((1, KV_HEADS, 2, 64)), "float32") for _ in "kv")
+    cache = _cache(backend, "paged_nhd", "float32", 64)  # 32 slots
+    places = _array(backend, np.array([[5, 32]]), backend.index)
+    call = {"rope": rope, "cache": cache, "cache_index": places, "offset": 3}
+    with anyrope.use_fast_paths("triton"):
+        if backend.device_kind != "cuda":
+            with pytest.raises(ValueError, match="cache_index reaches 32, past the cache's 32 slots"):
+                anyrope.prologue(q, k, v, **call)
+            assert (_host(backend, cache.k) == CANARY).all()
+            return
+        anyrope.prologue(q, k, v, **call)  # warm: the kernel and its kept launch
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = anyrope.prologue(q, k, v, **call)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    written = _host(backend, cache.k) != CANARY
+    assert written[1, 1].all()  # slot 5: page 1, offset 1
+    written[1, 1] = False
+    assert not written.any()
+    np.testing.assert_array_equal(_host(backend, cache.v)[1, 1], _host(backend, v)[0, :, 0])
+    assert out.k is not None

@@ -17,7 +17,7 @@ def _parser() -> argparse.ArgumentParser:
             "List the array libraries anyrope finds installed (NumPy, PyTorch, MLX, JAX, CuPy, Dask, "
             "array-api-strict) and self-check RoPE on each of their devices, in every floating dtype "
             "each has (float16, bfloat16, float32, float64), against a plain-Python oracle; then list "
-            "the fused kernels and whether they can run. Exits with 0 when every check that ran passed."
+            "the fused kernels and attention prologues and whether they can run. Exits with 0 when every check that ran passed."
         ),
         epilog=(
             "The benchmark is not part of the installed package: in a source checkout, "

@@ -45,6 +45,11 @@ def kernels() -> tuple[Kernel, ...]:
     return REGISTRY
 
 
+def fusions() -> tuple[Fusion, ...]:
+    """Every fused attention prologue, in the order they are tried."""
+    return FUSIONS
+
+
 # The switch: a ContextVar (thread- and task-local), mirrored in a thread-local that dynamo can
 # read while tracing (it cannot trace ContextVar.get).
 _switch: ContextVar[Switch] = ContextVar("anyrope_kernels", default=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import platform
 import sys
 from collections.abc import Iterator, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from ._arrays import is_installed
-from ._registry import kernels
+from ._registry import fusions, kernels
 from ._selfcheck_checks import CHECKS, Row, Target, check_target, error_text, rope_oracle
 from ._selfcheck_probes import BACKENDS, Backend, Skip, distribution_version
 from ._version import __version__
@@ -71,21 +71,29 @@ _HINTS = {"numba": 'pip install "anyrope[numba]"', "triton": "pip install triton
 def fast_paths(installed: Sequence[Backend]) -> list[str]:
     """One line per fused kernel for the installed libraries: where it runs, and whether it can
     (what to install where it cannot)."""
+    return _where_each_runs(kernels()[:-1], installed)  # the generic kernel, last, runs wherever none does
 
+
+def fused_prologues(installed: Sequence[Backend]) -> list[str]:
+    """As :func:`fast_paths`, for the fused attention prologues (``anyrope.prologue``)."""
+    return _where_each_runs(fusions(), installed)
+
+
+def _where_each_runs(declared: Sequence[Any], installed: Sequence[Backend]) -> list[str]:
     modules = {backend.namespace for backend in installed}
     lines = []
-    for kernel in kernels()[:-1]:  # the generic kernel, last, runs wherever none of these does
-        libraries = kernel.libraries & modules
+    for item in declared:
+        libraries = item.libraries & modules
         if not libraries:
             continue
         where = ", ".join(sorted(libraries)) + (
-            f" on {', '.join(sorted(kernel.devices))}" if kernel.devices else ""
+            f" on {', '.join(sorted(item.devices))}" if item.devices else ""
         )
-        missing = [module for module in kernel.requires if not is_installed(module)]
+        missing = [module for module in item.requires if not is_installed(module)]
         state = (
             "available" if not missing else "not available: " + "; ".join(_HINTS.get(m, m) for m in missing)
         )
-        lines.append(f"  {kernel.name:<14} {where:<26} {state}")
+        lines.append(f"  {item.name:<14} {where:<26} {state}")
     return lines
 
 
@@ -127,6 +135,15 @@ def run(backends: Sequence[str] | None = None, *, out: TextIO | None = None) -> 
     lines = fast_paths(installed)
     if lines:
         print("fused kernels (the generic array-API code runs wherever none applies):", file=out)
+        for line in lines:
+            print(line, file=out)
+        print(file=out)
+    lines = fused_prologues(installed)
+    if lines:
+        print(
+            "fused attention prologues (anyrope.prologue runs its steps apart wherever none applies):",
+            file=out,
+        )
         for line in lines:
             print(line, file=out)
         print(file=out)

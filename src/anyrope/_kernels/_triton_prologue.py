@@ -279,14 +279,15 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
     v_shape = job.shapes[2]
     head_dim = job.head_dim
     v_width = v_shape[-1] if v_shape else 1
-    numbers: dict[tuple[float, float], torch.Tensor] = {}
+    numbers: dict[tuple[float, float, torch.device], torch.Tensor] = {}
 
     def constants(norm: Any, like: torch.Tensor) -> torch.Tensor:
-        """The norm's eps and offset as a tensor on the device, made once per pair of values."""
-        eps, offset = (0.0, 0.0) if norm is None else (float(norm.eps), float(norm.offset))
-        found = numbers.get((eps, offset))
+        """The norm's eps and offset as a tensor on x's device, made once per pair of values and
+        device (the first call copies them there: warm a call before capturing it in a CUDA graph)."""
+        key = (0.0, 0.0, like.device) if norm is None else (float(norm.eps), float(norm.offset), like.device)
+        found = numbers.get(key)
         if found is None:
-            found = numbers[eps, offset] = torch.tensor([eps, offset], dtype=compute, device=like.device)
+            found = numbers[key] = torch.tensor(key[:2], dtype=compute, device=like.device)
         return found
 
     def weights(weight: Any, like: torch.Tensor) -> tuple[torch.Tensor, int]:
