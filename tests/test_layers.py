@@ -28,6 +28,7 @@ LOADED_ON_FIRST_USE = {
     "anyrope._kernels._jit_prologue": "numba",
     "anyrope._kernels._numba_op": "torch (and numba)",
     "anyrope._kernels._triton": "triton and torch",
+    "anyrope._kernels._triton_prologue": "triton and torch",
     "anyrope._torch_ops": "torch",
 }
 

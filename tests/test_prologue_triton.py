@@ -265,3 +265,38 @@ def test_places_past_the_cache(torch_backend: Backend) -> None:
     assert not written.any()
     np.testing.assert_array_equal(_host(backend, cache.v)[1, 1], _host(backend, v)[0, :, 0])
     assert out.k is not None
+
+
+def test_views_of_a_packed_projection_and_a_strided_cache(torch_backend: Backend) -> None:
+    """q, k and v as views of one packed qkv projection (batch, seq, heads, head_dim), each
+    strided, and a cache that is a view into a wider buffer: read and written through their
+    strides, as the steps apart read and write them."""
+    backend = torch_backend
+    heads, kv, dim = HEADS, KV_HEADS, 64
+    packed = _array(backend, 3 * RNG.standard_normal((BATCH, SEQ, (heads + 2 * kv) * dim)), "bfloat16")
+    q = packed[..., : heads * dim].unflatten(-1, (heads, dim))
+    k = packed[..., heads * dim : (heads + kv) * dim].unflatten(-1, (kv, dim))
+    v = packed[..., (heads + kv) * dim :].unflatten(-1, (kv, dim))
+    assert not q.is_contiguous()
+    weight = _array(backend, 1 + 0.1 * RNG.standard_normal(dim), "bfloat16")
+    norm = anyrope.QKNorm(weight, weight)
+    rope = anyrope.RoPE(dim, layout="interleaved")
+
+    def cache() -> Any:
+        wide = _array(backend, np.full((BATCH, MAX_ROWS, kv, 2 * dim), CANARY), "bfloat16")
+        return anyrope.KVCache(wide[..., :dim], wide[..., dim:], layout="bshd")
+
+    def call(cache: Any) -> dict[str, Any]:
+        return {
+            "q": q,
+            "k": k,
+            "v": v,
+            "rope": rope,
+            "norm": norm,
+            "seq_axis": -3,
+            "offset": 4,
+            "cache": cache,
+        }
+
+    fused, steps = _both(backend, call, cache)
+    _assert_like_steps(backend, fused, steps, "bfloat16")
