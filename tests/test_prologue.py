@@ -4,6 +4,7 @@ Against the models' own norm modules: tests/peers/test_prologue_peers.py."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import numpy as np
@@ -416,3 +417,32 @@ def test_jax_writes_a_donated_cache() -> None:
         np.testing.assert_allclose(np.asarray(k_cache), np.asarray(eager_k), rtol=2e-6, atol=2e-6)
         np.testing.assert_array_equal(np.asarray(v_cache), np.asarray(eager_v))
     assert (np.asarray(k_cache)[:, :, 3:] == CANARY).all()
+
+
+@pytest.mark.backends("mlx")
+@pytest.mark.parametrize("given", ["cache_index", "positions"])
+def test_mlx_writes_device_places_in_place(backend: Backend, given: str) -> None:
+    """Places given as MLX arrays (read nowhere on the host): the write's graph reads no value of
+    the cache (no gather), which MLX needs to write the cache's buffer in place, where it copied
+    all of it a call before (0.5 s a decode step of a 4096-row cache); the rows as the steps say."""
+    import mlx.core as mx
+
+    rope = anyrope.RoPE(HEAD_DIM)
+    q, k, v = (
+        backend.asarray(RNG.standard_normal((2, h, 1, HEAD_DIM)), "float32")
+        for h in (HEADS, KV_HEADS, KV_HEADS)
+    )
+    cache = anyrope.KVCache(
+        *(backend.asarray(np.full((2, KV_HEADS, 16, HEAD_DIM), CANARY), "float32") for _ in "kv")
+    )
+    mx.eval(cache.k, cache.v)
+    rows = mx.array([[3], [9]])
+    out = anyrope.prologue(q, k, v, rope=rope, cache=cache, **{given: rows})
+    graph = io.StringIO()
+    mx.export_to_dot(graph, cache.k, cache.v)
+    assert "Gather" not in graph.getvalue()
+    stored = np.asarray(cache.k)
+    np.testing.assert_array_equal(stored[0, :, 3], np.asarray(out.k)[0, :, 0])
+    np.testing.assert_array_equal(stored[1, :, 9], np.asarray(out.k)[1, :, 0])
+    stored[0, :, 3] = stored[1, :, 9] = CANARY
+    assert (stored == CANARY).all()
