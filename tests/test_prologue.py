@@ -446,3 +446,38 @@ def test_mlx_writes_device_places_in_place(backend: Backend, given: str) -> None
     np.testing.assert_array_equal(stored[1, :, 9], np.asarray(out.k)[1, :, 0])
     stored[0, :, 3] = stored[1, :, 9] = CANARY
     assert (stored == CANARY).all()
+
+
+@pytest.mark.backends("numpy", "torch")
+def test_kept_steps_apart_check_each_calls_places(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steps apart, kept for a signature after its first call (its checks once), still check
+    each call's places where they are host values: one past the cache is refused, nothing written."""
+    from anyrope import _prologue
+
+    if backend.device_kind != "cpu":
+        pytest.skip("places are host values on the CPU only")
+    checks: list[int] = []
+    checked = _prologue._checked
+
+    def counted(*args: Any) -> Any:
+        checks.append(1)
+        return checked(*args)
+
+    monkeypatch.setattr(_prologue, "_checked", counted)
+    rope = anyrope.RoPE(HEAD_DIM)
+    q = backend.asarray(RNG.standard_normal(_shape(HEADS, -2)), "float32")
+    k, v = (backend.asarray(RNG.standard_normal(_shape(KV_HEADS, -2)), "float32") for _ in "kv")
+    k_cache = backend.asarray(np.full(CACHES["bhsd"], CANARY), "float32")
+    cache = anyrope.KVCache(k_cache, backend.asarray(np.full(CACHES["bhsd"], CANARY), "float32"))
+    rows = CACHES["bhsd"][2]
+    with anyrope.use_fast_paths(False):
+        for start in (0, rows - SEQ):
+            out = anyrope.prologue(
+                q, k, v, rope=rope, cache=cache, cache_index=backend.asarray(start + np.arange(SEQ))
+            )
+        assert len(checks) == 1
+        stored = backend.to_numpy(out.cache.k)
+        past = backend.asarray(rows - SEQ + 1 + np.arange(SEQ))
+        with pytest.raises(ValueError, match=f"cache_index reaches {rows}, past the cache"):
+            anyrope.prologue(q, k, v, rope=rope, cache=cache, cache_index=past)
+    np.testing.assert_array_equal(backend.to_numpy(cache.k), stored)

@@ -90,11 +90,16 @@ def prologue(
         None if rotary is None else _signature(q, k, v, positions, offset, seq_axis, norm, cache, cache_index)
     )
     kept = None if key is None else rotary.plans.find(key)
+    multi = kept is not None and rope.streams > 1
+    if isinstance(kept, _Apart):  # the steps apart, checked once for this signature
+        places = host = None
+        if cache is not None:
+            places, host = _kvcache.places(cache, kept.xp, k, seq_axis, cache_index, positions, offset, multi)
+        return _apart(rope, q, k, v, positions, offset, seq_axis, norm, cache, kept.xp, places, host)
     if kept is not None:  # a fused call whose signature was checked: only its values' work
         launch, plan, device_places = kept
         where = host = None
         if cache is not None:
-            multi = rope.streams > 1
             where, host = _kvcache.kept_places(
                 cache, plan.ctx.xp, k, seq_axis, cache_index, positions, offset, multi
             )
@@ -110,6 +115,23 @@ def prologue(
             rotary.plans.keep(key, (launch, plan, device_places))
         q, k = launch(q, k, v, norm, cache, places, host, source)
         return Prologue(q, k, v, cache)
+    if key is not None and kept is None:
+        rotary.plans.keep(key, _Apart(xp))
+    return _apart(rope, q, k, v, positions, offset, seq_axis, norm, cache, xp, places, host)
+
+
+class _Apart(NamedTuple):
+    """A signature's kept decision to run the steps apart (no fusion takes its calls), with the
+    cache's namespace: a later call checks only its values (the cache places)."""
+
+    xp: Any
+
+
+def _apart(
+    rope: RoPE, q: Any, k: Any, v: Any, positions: Any, offset: Any, seq_axis: int,
+    norm: QKNorm | None, cache: KVCache | None, xp: Any, places: Any, host: Any,
+) -> Prologue:  # fmt: skip
+    """The prologue's steps, one after the other: the norm, the rotation, the cache write."""
     if norm is not None:
         q = norm.q(q, seq_axis=seq_axis)
         k = None if k is None else norm.k(k, seq_axis=seq_axis)
@@ -191,6 +213,8 @@ def _fused(
         return None, []
     switch = current_switch(traced)
     if traced or switch is False or library not in fusion_libraries() or k is None:
+        if not explain:  # the reasons are only words, for explain_prologue
+            return None, []
         return None, choose_fusion(_early(library, traced=traced, has_k=k is not None), switch)[1]
     if norm is not None:
         norm.check(q, k, seq_axis=seq_axis)
