@@ -273,6 +273,22 @@ def skip_unless_it_runs(backend: Backend, what: str, devices: frozenset[str], av
     return backend
 
 
+def count_prologue_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one each time anyrope.prologue checks a call's arguments in full
+    (its first call of a signature; kept calls check only their values)."""
+    from anyrope import _prologue
+
+    checks: list[int] = []
+    checked = _prologue._checked
+
+    def counted(*args: Any) -> Any:
+        checks.append(1)
+        return checked(*args)
+
+    monkeypatch.setattr(_prologue, "_checked", counted)
+    return checks
+
+
 def prologue_exact(library: str, device_type: str) -> bool:
     """Whether anyrope.prologue's calls of this library and device equal their steps apart bit
     for bit: not where a fusion declared inexact takes them."""

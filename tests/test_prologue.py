@@ -13,7 +13,14 @@ import pytest
 import anyrope
 from anyrope._compat import environment
 
-from harness import Backend, assert_close, assert_prologue_same, assert_same, prologue_exact
+from harness import (
+    Backend,
+    assert_close,
+    assert_prologue_same,
+    assert_same,
+    count_prologue_checks,
+    prologue_exact,
+)
 
 # How families normalise q and k: the weight's shape ("head": (head_dim,), "heads": one per
 # head, "token": across every head of a token), the rounding and the weight's offset.
@@ -452,18 +459,9 @@ def test_mlx_writes_device_places_in_place(backend: Backend, given: str) -> None
 def test_kept_steps_apart_check_each_calls_places(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """The steps apart, kept for a signature after its first call (its checks once), still check
     each call's places where they are host values: one past the cache is refused, nothing written."""
-    from anyrope import _prologue
-
     if backend.device_kind != "cpu":
         pytest.skip("places are host values on the CPU only")
-    checks: list[int] = []
-    checked = _prologue._checked
-
-    def counted(*args: Any) -> Any:
-        checks.append(1)
-        return checked(*args)
-
-    monkeypatch.setattr(_prologue, "_checked", counted)
+    checks = count_prologue_checks(monkeypatch)
     rope = anyrope.RoPE(HEAD_DIM)
     q = backend.asarray(RNG.standard_normal(_shape(HEADS, -2)), "float32")
     k, v = (backend.asarray(RNG.standard_normal(_shape(KV_HEADS, -2)), "float32") for _ in "kv")

@@ -14,7 +14,7 @@ import anyrope
 from anyrope._fusion import PrologueJob
 from anyrope._kernels import FUSIONS, numba_prologue
 
-from harness import Backend, canary_cache, prologue_arrays
+from harness import Backend, canary_cache, count_prologue_checks, prologue_arrays
 
 pytestmark = pytest.mark.backends("numpy", "torch")
 numba = pytest.importorskip("numba", reason="the fused prologue is numba's")
@@ -193,11 +193,7 @@ def test_a_kept_call_does_only_its_values_work(backend: Backend, monkeypatch: py
     """Later calls of one signature take the kept fused launch (the argument checks run once): new
     offsets and places each time give the steps apart's results, and a place past the cache is
     still refused unwritten."""
-    from anyrope import _prologue
-
-    checks: list[int] = []
-    checked = _prologue._checked
-    monkeypatch.setattr(_prologue, "_checked", lambda *args: checks.append(1) or checked(*args))
+    checks = count_prologue_checks(monkeypatch)
     rope = anyrope.RoPE(64)
     weight = _array(backend, 1 + 0.1 * RNG.standard_normal(64), "float32")
     norm = anyrope.QKNorm(weight, weight)

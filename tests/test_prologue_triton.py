@@ -18,7 +18,14 @@ import pytest
 import anyrope
 from anyrope._kernels import FUSIONS
 
-from harness import Backend, assert_prologue_same, canary_cache, prologue_arrays, skip_unless_it_runs
+from harness import (
+    Backend,
+    assert_prologue_same,
+    canary_cache,
+    count_prologue_checks,
+    prologue_arrays,
+    skip_unless_it_runs,
+)
 
 TRITON = next(f for f in FUSIONS if f.name == "triton")
 pytestmark = pytest.mark.backends("torch")
@@ -168,17 +175,8 @@ def test_decode_steps_at_an_int_offset(torch_backend: Backend, seq_axis: int) ->
 def test_kept_calls_read_new_places(torch_backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """Later calls of one signature take the kept launch (the argument checks run once) with
     the places and positions given as tensors, new each call."""
-    from anyrope import _prologue
-
     backend = torch_backend
-    checks: list[int] = []
-    checked = _prologue._checked
-
-    def counted(*args: Any) -> Any:
-        checks.append(1)
-        return checked(*args)
-
-    monkeypatch.setattr(_prologue, "_checked", counted)
+    checks = count_prologue_checks(monkeypatch)
     rope = anyrope.RoPE(64, layout="interleaved")
     weight = _array(backend, 1 + 0.1 * RNG.standard_normal(64), "float32")
     norm = anyrope.QKNorm(weight, weight, offset=1.0, rounding="after_weight")
