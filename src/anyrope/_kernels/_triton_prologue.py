@@ -6,8 +6,10 @@ group of heads (one token: the group's heads as one tile), as the rotation kerne
 (:mod:`._triton`, whose angles it shares: :func:`._triton._turns`). Each head's features are
 read once: their squares summed, normalised as the generic :class:`anyrope.QKNorm` does (the
 same operations and roundings, ``rsqrt`` as torch's), rotated, written, and for k written again
-at its place in the cache, where v's row goes too. Only the sum of squares is summed in
-Triton's order, not torch's: the result is within a unit in the last place of the steps apart.
+at its place in the cache, where v's row goes too. Only the sum of squares differs: summed in
+float64 in Triton's order, not torch's, it may move the inverse RMS by an ulp, so q and k are
+within a few units in the last place of each head's largest value (one in 16-bit dtypes; the
+tests' ``PROLOGUE_ULPS``), not bit for bit.
 
 The places are read on the device (``cache_index``, positions) or formed from an int offset,
 so nothing is read on the host; a place past the cache is not written (on the host such places
