@@ -81,9 +81,13 @@ def prologue(
     -----
     q, k and v are never written, and the cache only once every argument is checked (places
     past the cache's size are refused where their values are on the host; on a GPU or under a
-    compiler nothing reads them). The arithmetic is the steps' own, in this order, so q and k
-    equal ``rope(norm.q(q), norm.k(k))`` bit for bit on every library, eagerly and under
-    ``torch.compile``, ``jax.jit`` and ``mx.compile``, and the cache holds those k and v.
+    compiler nothing reads them, and the fused CUDA call skips them). The arithmetic is the
+    steps' own, in this order, so q and k equal ``rope(norm.q(q), norm.k(k))`` bit for bit on
+    every library, eagerly and under ``torch.compile``, ``jax.jit`` and ``mx.compile``, and the
+    cache holds those k and v; but for the fused call on CUDA tensors (Triton), which sums each
+    head's squares in an order of its own: there q and k are within a few units in the last
+    place of each head's largest value (one in 16-bit dtypes). ``anyrope.use_fast_paths(False)``
+    runs the steps.
     """
     rotary = rope._rotary if isinstance(rope, RoPE) else None
     key = (
