@@ -249,14 +249,11 @@ def test_kernel_compiles_for_nvidia_gpus() -> None:
     """What the interpreter cannot check: the kernel through Triton's compiler and ptxas, for
     A100 and H100, in each angle mode and dtype, and which tensors its launches write as
     inductor reads them; and the fused prologue's kernel in each dtype, angle mode, norm rounding
-    and kind of places (tests/triton_aot.py)."""
+    and kind of places, tiled as its launches are, spilling no registers (tests/triton_aot.py)."""
     out = _compile_script("triton_aot.py")
-    assert out.split() == [
-        "14",
-        "3",
-        "2",
-        "4",
-    ]  # kernels built, launches read, layouts compared, prologues built
+    built, read, compared, prologues = out.split()
+    assert (built, read, compared) == ("14", "3", "2")  # kernels built, launches read, layouts compared
+    assert prologues == "6"  # the prologue's launches built
 
 
 def test_kernel_report_for_the_gpu_benchmark(tmp_path: Path) -> None:

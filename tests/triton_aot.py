@@ -14,6 +14,8 @@ dtypes whose memory accesses were compared.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import sys
 from collections import Counter
@@ -87,46 +89,60 @@ def main() -> int:
     return 0
 
 
-# The fused prologue's variants (dtype, angle mode, multi-axis, half layout, norm rounding, places,
-# paged, block of tokens, features): every dtype, mode, rounding and kind of places at least once.
+# The fused prologue's launches (dtype, angle mode, multi-axis, half layout, norm rounding, places,
+# paged, tokens, heads, features, rotated pairs): every dtype, mode, rounding and kind of places at
+# least once, decode steps and prefills, and MLA's 576 features (64 rotated).
 PROLOGUES = [
-    ("bfloat16", POSITIONS, True, True, 1, 2, True, 1, 128),
-    ("float32", OFFSET, False, False, 2, 1, False, 16, 128),
-    ("float64", TABLES, False, True, 0, 2, False, 4, 64),
-    ("float16", STARTS, False, False, 1, 2, True, 32, 80),
+    ("bfloat16", POSITIONS, True, True, 1, 2, True, 1, 32, 128, 64),
+    ("float32", OFFSET, False, False, 2, 1, False, 2048, 32, 128, 64),
+    ("float64", TABLES, False, True, 0, 2, False, 7, 8, 64, 32),
+    ("float16", STARTS, False, False, 1, 2, True, 64, 32, 80, 24),
+    ("bfloat16", POSITIONS, False, False, 1, 2, True, 2048, 16, 576, 32),
+    ("bfloat16", OFFSET, False, True, 2, 1, False, 1, 32, 576, 32),
 ]
 
 
 def prologue_kernels() -> int:
     """The fused prologue's kernel (anyrope._kernels._triton_prologue) through Triton's compiler
-    and ptxas for an H100, in each variant: how many were built."""
+    and ptxas for an H100, each launch tiled as the prologue tiles it (``tiles``): none spills
+    registers. How many were built."""
+    from ptx import ptxas_figures
+    from triton import knobs
+
     from anyrope._kernels import _triton_prologue
 
     kernel = _triton_prologue._prologue_kernel
     names = kernel.arg_names
     built = 0
-    for dtype, mode, multi, half, rounding, places, paged, block_s, width in PROLOGUES:
-        pairs = 24 if width == 80 else width // 2
+    for dtype, mode, multi, half, rounding, places, paged, seq, heads, width, pairs in PROLOGUES:
         tail = width - 2 * pairs
+        tail_p2 = triton.next_power_of_2(tail) if tail else 0
+        block_s, group, warps = _triton_prologue.tiles(
+            seq, heads, 2 * triton.next_power_of_2(pairs) + tail_p2
+        )
         constants = {
             "WIDTH": width, "V_WIDTH": width, "PAIRS": pairs, "PAIRS_P2": triton.next_power_of_2(pairs),
-            "TAIL_P2": triton.next_power_of_2(tail) if tail else 0, "V_P2": triton.next_power_of_2(width),
+            "TAIL_P2": tail_p2, "V_P2": triton.next_power_of_2(width),
             "MODE": mode, "MULTI": multi, "HALF": half, "INVERSE": False, "SCALED": mode != TABLES,
             "WIDE": dtype == "float64", "BF16": dtype == "bfloat16", "NARROW": dtype in ("bfloat16", "float16"),
             "SPLIT": SPLIT_BITS, "MASK": (1 << SPLIT_BITS) - 1, "ROUNDING": rounding, "SHIFTED": rounding == 2,
-            "PLACES": places, "PAGED": paged, "BLOCK_S": block_s, "HEADS": 8,
+            "PLACES": places, "PAGED": paged, "BLOCK_S": block_s, "HEADS": group,
         }  # fmt: skip
-        arrays = ("q_ptr", "q_out_ptr", "wq_ptr", "k_ptr", "k_out_ptr", "wk_ptr", "v_ptr")
+        arrays = ("q_ptr", "q_out_ptr", "wq_ptr", "k_ptr", "k_out_ptr", "wk_ptr", "v_ptr", "ck_ptr", "cv_ptr")
         kinds = signature(names, dtype) | dict.fromkeys(arrays, POINTERS[dtype])
-        kinds |= {"ck_ptr": POINTERS[dtype], "cv_ptr": POINTERS[dtype], "place_ptr": "*i64"}
-        kinds["numbers_ptr"] = "*fp64" if dtype == "float64" else "*fp32"
+        kinds |= {"place_ptr": "*i64", "numbers_ptr": "*fp64" if dtype == "float64" else "*fp32"}
         source = ASTSource(
             fn=kernel, signature=kinds, constexprs={(names.index(k),): v for k, v in constants.items()}
         )
-        compiled = triton.compile(
-            source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}
-        )
+        log = io.StringIO()
+        with knobs.compilation.scope(), knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+            knobs.compilation.always_compile = True  # a cached kernel would run no ptxas to log
+            knobs.nvidia.dump_ptxas_log = True
+            options = {"enable_fp_fusion": False, "num_warps": warps}
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
         assert compiled.asm["cubin"], f"no cubin for the prologue in {dtype}"
+        figures = ptxas_figures(log.getvalue())
+        assert figures["spill_stores"] == 0, (dtype, seq, width, block_s, warps, figures)
         built += 1
     return built
 

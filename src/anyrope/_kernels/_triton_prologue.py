@@ -36,7 +36,6 @@ from ._triton import (
     _turns,
     _widen,
     angle_arguments,
-    tiling,
 )
 
 __all__ = ["prepare"]
@@ -263,6 +262,19 @@ def _prologue_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover
         )  # fmt: skip
 
 
+def tiles(seq: int, heads: int, features: int) -> tuple[int, int, int]:
+    """A launch's block of tokens, group of heads and warps, for ``seq`` tokens, the most heads
+    (times trail) of q and k, and a row's tile of ``features`` (the pairs' and the rest's, each
+    padded to a power of two). A thread holds at most 8 features of a block's tile (16 of a decode
+    step's tile of heads): past that ptxas spilled registers for sm_90 (tests/triton_aot.py)."""
+    if seq == 1:  # a decode step: the group's heads as one tile
+        group = min(8, triton.next_power_of_2(heads))
+        return 1, group, min(8, max(1, group * features // (32 * 16)))
+    warps = 8
+    most = max(1, warps * 32 * 8 // features)  # tokens a block's tile may hold
+    return min(triton.next_power_of_2(seq), 1 << (most.bit_length() - 1)), min(8, heads), warps
+
+
 def _five_of(x: torch.Tensor, seq_axis: int) -> torch.Tensor:
     found = _five(x, seq_axis)
     if found is None:
@@ -327,15 +339,17 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
                 mode, places = INDEX, where
                 sp = (where.stride(0) if where.shape[0] > 1 else 0, where.stride(1))
         pairs_p2 = triton.next_power_of_2(fused.pairs)
-        row = (pairs_p2 if angles.flags & HALF else 2 * pairs_p2) * q.element_size()
-        block_s, group, warps = tiling([q5.shape[2]], [q5.shape[1] * q5.shape[3], k5.shape[1] * k5.shape[3]], pairs_p2, row)  # fmt: skip
+        tail = head_dim - 2 * fused.pairs
+        features = 2 * pairs_p2 + (triton.next_power_of_2(tail) if tail else 0)
+        block_s, group, warps = tiles(
+            q5.shape[2], max(q5.shape[1] * q5.shape[3], k5.shape[1] * k5.shape[3]), features
+        )
         programs = [
             x.shape[0] * triton.cdiv(x.shape[1] * x.shape[3], group) * triton.cdiv(x.shape[2], block_s)
             for x in (q5, k5)
         ]
         if not sum(programs):
             return out_q, out_k
-        tail = head_dim - 2 * fused.pairs
         with _one_launch_at_a_time:
             _prologue_kernel[(sum(programs),)](
                 q5, oq5, wq, k5, ok5, wk, v5, ck, cv, places, *pointers, constants(norm, q),
