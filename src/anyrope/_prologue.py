@@ -209,8 +209,8 @@ def _fused(
     norm: QKNorm | None, cache: KVCache | None, host: Any, *, explain: bool = False,
 ) -> tuple[tuple[PrologueLaunch, Any, Any, bool] | None, list[str]]:  # fmt: skip
     """The launch of the fusion that takes this call, the call's rotation plan, its source of
-    angles and whether the fusion reads the cache's places on the device, or None; and why each fusion before it (or every one) did not take it, then (with
-    ``explain``) what runs."""
+    angles and whether the fusion reads the cache's places on the device, or None; and, with
+    ``explain``, why each fusion before it (or every one) did not take it, then what runs."""
     xp, library = namespace_and_library(("q", q))
     traced = is_traced(xp, q, k)
     if traced and not explain:  # a compiler runs the steps apart: nothing here for it to trace

@@ -11,24 +11,39 @@ Gemma, OLMo 2), ``offset`` added to the weight first (Gemma's ``1 + w``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._args import check_bool, check_int, check_number, shown
 from ._compat import namespace_and_library, rsqrt
 from ._dtypes import compute_dtype
 
-__all__ = ["ROUNDINGS", "QKNorm", "check_rounding"]
+__all__ = ["ROUNDINGS", "NormForm", "QKNorm", "norm_form"]
 
 #: Where the weight meets the normalised features: after they are rounded to x's dtype, or in
 #: float32 before they are.
 ROUNDINGS = ("before_weight", "after_weight")
 
 
-def check_rounding(rounding: Any) -> str:
-    """``rounding``, one of :data:`ROUNDINGS`, or a ValueError naming them."""
+class NormForm(NamedTuple):
+    """A :class:`QKNorm`'s arguments but its weights."""
+
+    eps: float
+    offset: float
+    across_heads: bool
+    rounding: str
+
+
+def norm_form(
+    eps: Any, offset: Any, across_heads: Any, rounding: Any, *, offset_arg: str = "offset"
+) -> NormForm:
+    """A norm's form, checked: a ValueError or TypeError names the argument (the offset as
+    ``offset_arg``, the caller's name for it)."""
+    eps = check_number(eps, "eps")
+    offset = check_number(offset, offset_arg, low=-float("inf"))
+    across_heads = check_bool(across_heads, "across_heads")
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding={shown(rounding)} must be one of {', '.join(map(repr, ROUNDINGS))}")
-    return str(rounding)
+    return NormForm(eps, offset, across_heads, str(rounding))
 
 
 class QKNorm:
@@ -78,10 +93,9 @@ class QKNorm:
                 wanted = "(heads * head_dim,)" if across_heads else "(head_dim,) or (heads, head_dim)"
                 raise ValueError(f"{arg} must have shape {wanted}, not {tuple(weight.shape)}")
         self.q_weight, self.k_weight = q_weight, k_weight
-        self.eps = check_number(eps, "eps")
-        self.offset = check_number(offset, "offset", low=-float("inf"))
-        self.across_heads = check_bool(across_heads, "across_heads")
-        self.rounding = check_rounding(rounding)
+        self.eps, self.offset, self.across_heads, self.rounding = norm_form(
+            eps, offset, across_heads, rounding
+        )
 
     @classmethod
     def from_modules(cls, q_norm: Any, k_norm: Any, *, head_dim: int) -> QKNorm:

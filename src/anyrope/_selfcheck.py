@@ -132,21 +132,13 @@ def run(backends: Sequence[str] | None = None, *, out: TextIO | None = None) -> 
             table.row(row)
             counts[row.status] += 1
     print(file=out)
-    lines = fast_paths(installed)
-    if lines:
-        print("fused kernels (the generic array-API code runs wherever none applies):", file=out)
-        for line in lines:
-            print(line, file=out)
-        print(file=out)
-    lines = fused_prologues(installed)
-    if lines:
-        print(
-            "fused attention prologues (anyrope.prologue runs its steps apart wherever none applies):",
-            file=out,
-        )
-        for line in lines:
-            print(line, file=out)
-        print(file=out)
+    for title, lines in (
+        ("fused kernels (the generic array-API code runs wherever none applies)", fast_paths(installed)),
+        ("fused attention prologues (anyrope.prologue runs its steps apart wherever none applies)",
+         fused_prologues(installed)),
+    ):  # fmt: skip
+        if lines:
+            print(f"{title}:", *lines, "", sep="\n", file=out)
     for backend in missing:
         print(f"not installed: {backend.name} ({backend.install})", file=out)
     print(f"{counts['ok']} checks passed, {counts['FAIL']} failed, {counts['skipped']} skipped", file=out)

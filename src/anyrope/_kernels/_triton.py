@@ -239,6 +239,16 @@ def _five(x: torch.Tensor, seq_axis: int) -> torch.Tensor | None:
     return view if view.stride(-1) == 1 or shape[-1] == 1 else None
 
 
+def _five_of(x: torch.Tensor, seq_axis: int) -> torch.Tensor:
+    """x as (batch, heads, seq, trail, head_dim): a view where its strides allow one, else a
+    view of a contiguous copy (a kernel only reads x)."""
+    found = _five(x, seq_axis)
+    if found is None:
+        found = _five(x.contiguous(), seq_axis)
+    assert found is not None
+    return found
+
+
 class Angles(NamedTuple):
     """A call's angles as the ops take them (see :class:`anyrope._kernel_angles.KernelAngles`), and its flags."""
 
@@ -338,10 +348,7 @@ def _run(calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles, di
             dense = torch.empty_like(x, memory_format=torch.contiguous_format)
             copies.append((out, dense))
             out5 = _five(dense, seq_axis)
-        x5 = _five(x, seq_axis)
-        if x5 is None:
-            x5 = _five(x.contiguous(), seq_axis)
-        assert x5 is not None
+        x5 = _five_of(x, seq_axis)
         assert out5 is not None
         arrays.append((x5, out5))
     # by identity, not by data pointer: a fake tensor has none

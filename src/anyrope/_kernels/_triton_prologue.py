@@ -16,6 +16,7 @@ so nothing is read on the host; a place past the cache is not written (on the ho
 are refused before the launch).
 """
 
+import functools
 from typing import Any
 
 import torch
@@ -25,11 +26,11 @@ import triton.language as tl
 from .._angles import SPLIT_BITS
 from .._fusion import ROUNDING_CODES, PrologueJob, PrologueLaunch
 from .._kvcache import KERNEL_AXES
+from .._pairs import five_axes
 from ._triton import (
-    HALF,
-    Angles,
+    _angles,
     _five,
-    _flags,
+    _five_of,
     _narrow,
     _one_launch_at_a_time,
     _tile,
@@ -275,25 +276,34 @@ def tiles(seq: int, heads: int, features: int) -> tuple[int, int, int]:
     return min(triton.next_power_of_2(seq), 1 << (most.bit_length() - 1)), min(8, heads), warps
 
 
-def _five_of(x: torch.Tensor, seq_axis: int) -> torch.Tensor:
-    found = _five(x, seq_axis)
-    if found is None:
-        found = _five(x.contiguous(), seq_axis)
-    assert found is not None
-    return found
-
-
 def prepare(job: PrologueJob) -> PrologueLaunch:
     """The launch of one kind of prologue call: what its signature fixes worked out here once;
     a call views its arrays, reads its angles and places, and launches once."""
-    axis, compute = job.seq_axis, job.compute
-    rounding = ROUNDING_CODES[job.rounding]
+    axis, compute, head_dim = job.seq_axis, job.compute, job.head_dim
     paged = bool(job.cache and job.cache.startswith("paged"))
     axes = KERNEL_AXES[job.cache] if job.cache else None
-    v_shape = job.shapes[2]
-    head_dim = job.head_dim
-    v_width = v_shape[-1] if v_shape else 1
+    v_width = job.shapes[2][-1] if job.shapes[2] else 1
+    five = [five_axes(shape, axis) for shape in job.shapes[:2]]  # q's and k's
+    heads = max(shape[1] * shape[3] for shape in five)
+    fixed = {  # what the job fixes of the launch
+        "WIDTH": head_dim, "V_WIDTH": v_width, "V_P2": triton.next_power_of_2(v_width),
+        "HALF": job.layout == "half", "INVERSE": job.inverse, "WIDE": job.dtype == "float64",
+        "BF16": job.dtype == "bfloat16", "NARROW": job.dtype in ("float16", "bfloat16"),
+        "SPLIT": SPLIT_BITS, "MASK": (1 << SPLIT_BITS) - 1, "ROUNDING": ROUNDING_CODES[job.rounding],
+        "PAGED": paged, "enable_fp_fusion": False,
+    }  # fmt: skip
     numbers: dict[tuple[float, float, torch.device], torch.Tensor] = {}
+
+    @functools.cache
+    def shaped(pairs: int) -> tuple[dict[str, Any], list[int]]:
+        """The launch's constants that the rotated pairs fix too (the RoPE's, the same every
+        call of the job), and each array's programs."""
+        pairs_p2, tail = triton.next_power_of_2(pairs), head_dim - 2 * pairs
+        tail_p2 = triton.next_power_of_2(tail) if tail else 0
+        block_s, group, warps = tiles(five[0][2], heads, 2 * pairs_p2 + tail_p2)
+        programs = [b * triton.cdiv(h * t, group) * triton.cdiv(s, block_s) for b, h, s, t, _ in five]
+        known = {"PAIRS": pairs, "PAIRS_P2": pairs_p2, "TAIL_P2": tail_p2, "BLOCK_S": block_s, "HEADS": group}
+        return fixed | known | {"num_warps": warps}, programs
 
     def constants(norm: Any, like: torch.Tensor) -> torch.Tensor:
         """The norm's eps and offset as a tensor on x's device, made once per pair of values and
@@ -315,12 +325,11 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
         q: Any, k: Any, v: Any, norm: Any, cache: Any, where: Any, host: Any, source: Any
     ) -> tuple[Any, Any]:
         fused = source.kernel_angles(compute)
-        angles = Angles(
-            fused.index, fused.start, fused.steps, fused.streams, fused.cos, fused.sin, fused.mode, fused.pairs,
-            _flags(job, fused),
-        )  # fmt: skip
+        angles = _angles(job, fused)
         out_q, out_k = torch.empty_like(q), torch.empty_like(k)
-        q5, k5, oq5, ok5 = _five_of(q, axis), _five_of(k, axis), _five_of(out_q, axis), _five_of(out_k, axis)
+        q5, k5 = _five_of(q, axis), _five_of(k, axis)
+        oq5, ok5 = _five(out_q, axis), _five(out_k, axis)  # 4-D: one more axis of 1, always a view
+        assert oq5 is not None and ok5 is not None  # noqa: PT018 - both outputs, one fact
         pointers, si, sc = angle_arguments(angles, q5)
         wq, swq = weights(None if norm is None else norm.q_weight, q5)
         wk, swk = weights(None if norm is None else norm.k_weight, k5)
@@ -338,16 +347,7 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
             else:
                 mode, places = INDEX, where
                 sp = (where.stride(0) if where.shape[0] > 1 else 0, where.stride(1))
-        pairs_p2 = triton.next_power_of_2(fused.pairs)
-        tail = head_dim - 2 * fused.pairs
-        features = 2 * pairs_p2 + (triton.next_power_of_2(tail) if tail else 0)
-        block_s, group, warps = tiles(
-            q5.shape[2], max(q5.shape[1] * q5.shape[3], k5.shape[1] * k5.shape[3]), features
-        )
-        programs = [
-            x.shape[0] * triton.cdiv(x.shape[1] * x.shape[3], group) * triton.cdiv(x.shape[2], block_s)
-            for x in (q5, k5)
-        ]
+        options, programs = shaped(fused.pairs)
         if not sum(programs):
             return out_q, out_k
         with _one_launch_at_a_time:
@@ -356,15 +356,8 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
                 angles.start, place_start, programs[0], page_size, capacity,
                 q5.shape[1], q5.shape[3], q5.shape[2], *q5.stride()[:4], *oq5.stride()[:4], swq,
                 k5.shape[1], k5.shape[3], *k5.stride()[:4], *ok5.stride()[:4], swk, *v5.stride()[:4],
-                *strides, *sp, *si, *sc,
-                WIDTH=head_dim, V_WIDTH=v_width, PAIRS=fused.pairs, PAIRS_P2=pairs_p2,
-                TAIL_P2=triton.next_power_of_2(tail) if tail else 0,
-                V_P2=triton.next_power_of_2(v_width), MODE=angles.mode, MULTI=angles.streams is not None,
-                HALF=bool(angles.flags & HALF), INVERSE=job.inverse, SCALED=fused.scaled,
-                WIDE=q.dtype == torch.float64, BF16=q.dtype == torch.bfloat16,
-                NARROW=q.dtype in (torch.float16, torch.bfloat16), SPLIT=SPLIT_BITS, MASK=(1 << SPLIT_BITS) - 1,
-                ROUNDING=rounding, SHIFTED=norm is not None and norm.offset != 0, PLACES=mode, PAGED=paged,
-                BLOCK_S=block_s, HEADS=group, enable_fp_fusion=False, num_warps=warps,
+                *strides, *sp, *si, *sc, MODE=angles.mode, MULTI=angles.streams is not None, SCALED=fused.scaled,
+                SHIFTED=norm is not None and norm.offset != 0, PLACES=mode, **options,
             )  # fmt: skip
         return out_q, out_k
 

@@ -3,23 +3,15 @@ when the layer is made, the shapes and first values of its weights, and the call
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
-from .._args import check_bool, check_number, shown
+from .._args import check_bool, shown
 from .._prologue import Prologue, prologue
-from .._qknorm import QKNorm, check_rounding
+from .._qknorm import NormForm, QKNorm
+from .._qknorm import norm_form as _form
 from ._build import LayerBase, make_rope
 
-__all__ = ["NormForm", "PrologueBase", "norm_form"]
-
-
-class NormForm(NamedTuple):
-    """:class:`anyrope.QKNorm`'s arguments but its weights."""
-
-    eps: float
-    offset: float
-    across_heads: bool
-    rounding: str
+__all__ = ["PrologueBase", "norm_form"]
 
 
 def norm_form(
@@ -31,12 +23,7 @@ def norm_form(
     ``(kv_heads * head_dim,)``."""
     if not check_bool(qk_norm, "qk_norm"):
         return None
-    form = NormForm(
-        check_number(eps, "eps"),
-        check_number(norm_offset, "norm_offset", low=-float("inf")),
-        check_bool(across_heads, "across_heads"),
-        check_rounding(rounding),
-    )
+    form = _form(eps, norm_offset, across_heads, rounding, offset_arg="norm_offset")
     if not form.across_heads:
         return form, ((head_dim,), (head_dim,))
     counts = []

@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from .._qknorm import QKNorm
+from .._qknorm import NormForm, QKNorm
 from .._rope import rotary_of
 from ._build import LayerBase, make_rope
 from ._onnx import standard_op, unexpressed
-from ._prologue_build import NormForm, PrologueBase
+from ._prologue_build import PrologueBase
 
 __all__ = ["AttentionPrologue", "RotaryEmbedding"]
 
