@@ -189,6 +189,26 @@ def test_leaves_are_numpys_tree() -> None:
         _jit_prologue.leaves(1025)
 
 
+@pytest.mark.parametrize("lanes", [0, 4, 8, 16])
+def test_vector_sums_of_squares_are_the_scalar_orders(lanes: int) -> None:
+    """The sums of squares in SIMD vectors (``_jit_sums``) equal, bit for bit, the same order
+    spelled out one element at a time (the path of float16 kept as bits), at every head size:
+    whole groups of vectors, leftover vectors, leftover elements, NumPy's leaves."""
+    from anyrope._kernels import _jit, _jit_prologue
+
+    if not _jit._HARDWARE_HALF:
+        pytest.skip("this CPU has no float16 vector conversion: both paths are the scalar one")
+    rng = np.random.default_rng(1)
+    for n in (3, 8, 60, 64, 80, 96, 100, 128, 192, 200, 256, 576, 1000):
+        rows = (
+            (rng.standard_normal((64, n)) * rng.uniform(0.1, 30, (64, 1))).astype(np.float16).view(np.int16)
+        )
+        at = np.array(_jit_prologue.leaves(n), dtype=np.int64)
+        vector = _jit_prologue.inverse_rms(rows, at, lanes, 1e-6, lanes == 0, _jit.FLOAT16_HARDWARE)
+        scalar = _jit_prologue.inverse_rms(rows, at, lanes, 1e-6, lanes == 0, _jit.FLOAT16_BITS)
+        np.testing.assert_array_equal(vector, scalar, err_msg=f"{n} features")
+
+
 def test_a_kept_call_does_only_its_values_work(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """Later calls of one signature take the kept fused launch (the argument checks run once): new
     offsets and places each time give the steps apart's results, and a place past the cache is

@@ -5,7 +5,8 @@ Arrays arrive as the rotation kernels take them (see :mod:`._jit`): q, k and v f
 ``(batch, lead, seq, trail, head_dim)`` (a head is ``lead * trail + t``), the table of cos and
 sin side by side with (1 or batch, seq) rows into it. The norm's weights come as ``(1 or heads,
 head_dim)`` in x's storage; the caches as ``(outer, rows, heads, dim)`` views (a batch row and its
-row, or a page and its offset), with each token's (outer, row) given, outer -1 for "skip".
+row, or a page and its offset), with each token's place given as ``(1 or batch, seq)``: its row,
+or in a paged cache (``page`` its page size, else 0) its flat slot; negative: not written.
 
 Every step is the generic composition's own arithmetic, in its order: the sum of squares in
 NumPy's pairwise order (``np.mean``'s, so NumPy results are the same bit for bit), the mean,
@@ -24,11 +25,17 @@ from numba.core import types
 from numba.extending import overload
 
 from .._fusion import BEFORE_WEIGHT, NO_NORM
-from ._jit import HALF, INTERLEAVED, _where, inline, load, store
+from ._jit import FLOAT16_BITS, HALF, INTERLEAVED, _turn, _where, inline, load, store
+from ._jit_sums import vertical_sums
 
 __all__ = ["prologues"]
 
 _BLOCK = 128  # NumPy's pairwise summation sums blocks of up to this many elements with 8 accumulators
+
+# The vertical sums of NumPy's blocks (eight accumulators: one vector of eight lanes), and of
+# torch's reduction on CPUs whose vectors hold 4, 8 or 16 floats (four vectors at a time).
+_NUMPY_LANES = vertical_sums(8, 1)
+_TORCH_4, _TORCH_8, _TORCH_16 = (vertical_sums(lanes, 4) for lanes in (4, 8, 16))
 
 # Plain calls, not numba's inlining: that retypes the whole body at each site, and with the
 # storage conversions inlined at every load and store one kernel took 40-100 s to compile (about
@@ -67,33 +74,26 @@ def _square(row: Any, j: Any, storage: int) -> Any:  # pragma: no cover
 
 @inline
 def _block(row: Any, base: Any, n: Any, storage: int) -> Any:  # pragma: no cover
-    """NumPy's sum of up to 128 squares: eight accumulators, then a tree, then the rest (a plain
-    call: inlined at each leaf, it made the kernel too large for numba to compile)."""
+    """NumPy's sum of up to 128 squares: eight accumulators (one vector of eight lanes), then a
+    tree, then the rest."""
     if n < 8:
         res = narrow(0.0, _square(row, 0, storage))
         for i in range(n):
             res += _square(row, base + i, storage)
         return res
-    r0, r1 = _square(row, base, storage), _square(row, base + 1, storage)
-    r2, r3 = _square(row, base + 2, storage), _square(row, base + 3, storage)
-    r4, r5 = _square(row, base + 4, storage), _square(row, base + 5, storage)
-    r6, r7 = _square(row, base + 6, storage), _square(row, base + 7, storage)
-    i, whole = 8, n - n % 8
-    while i < whole:
-        r0 += _square(row, base + i, storage)
-        r1 += _square(row, base + i + 1, storage)
-        r2 += _square(row, base + i + 2, storage)
-        r3 += _square(row, base + i + 3, storage)
-        r4 += _square(row, base + i + 4, storage)
-        r5 += _square(row, base + i + 5, storage)
-        r6 += _square(row, base + i + 6, storage)
-        r7 += _square(row, base + i + 7, storage)
-        i += 8
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
+    whole = n - n % 8
+    if storage == FLOAT16_BITS:
+        res = _tree(_scalar_lanes(row, base, whole // 8, 8, 1, storage))
+    else:
+        res = _tree(_NUMPY_LANES(row, base, whole // 8, storage))
+    for i in range(whole, n):
         res += _square(row, base + i, storage)
-        i += 1
     return res
+
+
+@inline
+def _tree(r: Any) -> Any:  # pragma: no cover
+    return ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
 
 
 def leaves(n: int) -> list[tuple[int, int]]:
@@ -143,20 +143,38 @@ def _lane_sums(row: Any, lanes: Any, storage: int) -> Any:  # pragma: no cover
     up to 16 rows of four vectors, where torch's cascade adds no level."""
     n = row.shape[0]
     vectors = n // lanes
-    whole = vectors - vectors % 4
     total = narrow(0.0, _square(row, 0, storage))
     for j in range(vectors * lanes, n):
         total += _square(row, j, storage)
-    for lane in range(lanes):
-        a0 = a1 = a2 = a3 = narrow(0.0, total)
-        for m in range(0, whole, 4):
-            a0 += _square(row, m * lanes + lane, storage)
-            a1 += _square(row, (m + 1) * lanes + lane, storage)
-            a2 += _square(row, (m + 2) * lanes + lane, storage)
-            a3 += _square(row, (m + 3) * lanes + lane, storage)
-        for m in range(whole, vectors):
-            a0 += _square(row, m * lanes + lane, storage)
-        total += ((a0 + a1) + a2) + a3
+    if storage == FLOAT16_BITS:
+        for value in _scalar_lanes(row, 0, vectors, lanes, 4, storage):
+            total += value
+    elif lanes == 4:
+        for value in _TORCH_4(row, 0, vectors, storage):
+            total += value
+    elif lanes == 8:
+        for value in _TORCH_8(row, 0, vectors, storage):
+            total += value
+    else:
+        for value in _TORCH_16(row, 0, vectors, storage):
+            total += value
+    return total
+
+
+@inline
+def _scalar_lanes(
+    row: Any, base: Any, vectors: Any, lanes: Any, accumulators: Any, storage: int
+) -> Any:  # pragma: no cover
+    """What :func:`._jit_sums.vertical_sums` computes, one element at a time: for float16 kept
+    as bits (no vector conversion for them), and what the tests hold the vectors to."""
+    sums = np.zeros((accumulators, lanes), dtype=np.float32)
+    whole = vectors - vectors % accumulators
+    for m in range(vectors):
+        for lane in range(lanes):
+            sums[m % accumulators if m < whole else 0, lane] += _square(row, base + m * lanes + lane, storage)
+    total = sums[0]
+    for r in range(1, accumulators):
+        total = total + sums[r]
     return total
 
 
@@ -186,50 +204,39 @@ def _inverse_rms(
 def _normed(
     value: Any, r: Any, weight: Any, offset: Any, storage: int, rounding: int
 ) -> Any:  # pragma: no cover
-    """One feature normalised as the generic QKNorm computes it, rounded to x's dtype and widened
-    again, as the rotation then reads it."""
+    """One feature normalised as the generic QKNorm computes it, before it is rounded to x's dtype."""
     x = _load(value, storage)
-    if rounding == NO_NORM:
-        return x
     h = x * r
     if rounding == BEFORE_WEIGHT:  # (weight + offset) in its dtype, times h rounded to x's
         scale = _load(weight, storage)
         if offset != 0:
             scale = _load(_store(scale + narrow(offset, x), storage), storage)
-        return _load(_store(scale * _load(_store(h, storage), storage), storage), storage)
-    return _load(_store(h * (narrow(offset, x) + _load(weight, storage)), storage), storage)
+        return scale * _load(_store(h, storage), storage)
+    return h * (narrow(offset, x) + _load(weight, storage))
 
 
-@_helper
-def _rotate_row(
-    x: Any, out: Any, w: Any, b: Any, a: Any, s: Any, p: Any, table: Any, sign: Any,
-    eps: Any, count: Any, at: Any, lanes: Any, wide_mean: bool, offset: Any, storage: int, layout: int,
-    rounding: int,
+@inline
+def _normalise(
+    x: Any, out: Any, w: Any, b: Any, a: Any, s: Any, eps: Any, count: Any, at: Any, lanes: Any,
+    wide_mean: bool, offset: Any, storage: int, rounding: int,
 ) -> None:  # pragma: no cover  # fmt: skip
-    trail, width, pairs = x.shape[3], x.shape[4], table.shape[1] // 2
+    """Each head of x's row (b, a, s) normalised into out, as x's dtype holds it: then turned
+    there by the rotation kernel's own loop (two plain loops LLVM vectorises, where one doing both
+    per pair stayed scalar)."""
+    trail, width = x.shape[3], x.shape[4]
     per_head = w.shape[0] > 1
     for t in range(trail):
         row, dest = x[b, a, s, t], out[b, a, s, t]
         weights = w[a * trail + t if per_head else 0]
-        r = narrow(1.0, table[p, 0])
-        if rounding != NO_NORM:
-            r = _inverse_rms(row, at, lanes, eps, count, wide_mean, storage)
-        for i in range(pairs):
-            c = table[p, 2 * i]
-            n = table[p, 2 * i + 1] * sign
-            j, k = (i, i + pairs) if layout == HALF else (2 * i, 2 * i + 1)
-            first = _normed(row[j], r, weights[j], offset, storage, rounding)
-            second = _normed(row[k], r, weights[k], offset, storage, rounding)
-            dest[j] = _store(first * c - second * n, storage)
-            dest[k] = _store(second * c + first * n, storage)
-        for j in range(2 * pairs, width):
+        r = _inverse_rms(row, at, lanes, eps, count, wide_mean, storage)
+        for j in range(width):
             dest[j] = _store(_normed(row[j], r, weights[j], offset, storage, rounding), storage)
 
 
 def prologues(storage: int, rounding: int) -> dict[str, Callable[..., None]]:
     """The two layouts' fused kernels for one storage code and norm rounding (compiled, or loaded
     from numba's cache, on first call): ``kernel(x, out, wx, y, out_y, wy, v, cache_k, cache_v,
-    outer, rows, table, positions, sign, eps, count, leaves, lanes, wide_mean, offset)``;
+    places, page, table, positions, sign, eps, count, leaves, lanes, wide_mean, offset)``;
     ``lanes`` 0 sums squares in NumPy's order (``leaves``), else in torch's (:func:`_lane_sums`)."""
     return {
         name: numba.njit(parallel=True, cache=True, nogil=True)(_prologue(storage, layout, rounding, name))
@@ -240,33 +247,36 @@ def prologues(storage: int, rounding: int) -> dict[str, Callable[..., None]]:
 def _prologue(storage: int, layout: int, rounding: int, name: str) -> Callable[..., None]:
     def prologue(
         x: Any, out: Any, wx: Any, y: Any, out_y: Any, wy: Any, v: Any, cache_k: Any, cache_v: Any,
-        outer: Any, rows: Any, table: Any, pos: Any, sign: Any, eps: float, count: float,
+        places: Any, page: int, table: Any, pos: Any, sign: Any, eps: float, count: float,
         at: Any, lanes: int, wide_mean: bool, offset: float,
     ) -> None:  # pragma: no cover  # fmt: skip
         per_batch = pos.shape[0] > 1
         lead, seq, lead_y, trail_y = x.shape[1], x.shape[2], y.shape[1], y.shape[3]
-        many = x.shape[0] * lead * seq
+        many, pairs = x.shape[0] * lead * seq, table.shape[1] // 2
         cached = cache_k.shape[0] > 0
         for item in numba.prange(many + y.shape[0] * lead_y * seq):
-            if item < many:
-                b, a, s = _where(item, lead, seq)
-                p = pos[b if per_batch else 0, s]
-                _rotate_row(x, out, wx, b, a, s, p, table, sign, eps, count, at, lanes, wide_mean, offset,
-                            storage, layout, rounding)  # fmt: skip
-                continue
-            b, a, s = _where(item - many, lead_y, seq)
+            # q's rows, then k's, through one call site (one for each doubled the compile time)
+            is_q = item < many
+            source, dest, weights = (x, out, wx) if is_q else (y, out_y, wy)
+            b, a, s = _where(item - (0 if is_q else many), lead if is_q else lead_y, seq)
             p = pos[b if per_batch else 0, s]
-            _rotate_row(y, out_y, wy, b, a, s, p, table, sign, eps, count, at, lanes, wide_mean, offset,
-                        storage, layout, rounding)  # fmt: skip
-            place = outer[b, s]
+            if rounding != NO_NORM:
+                _normalise(source, dest, weights, b, a, s, eps, count, at, lanes, wide_mean, offset, storage,
+                           rounding)  # fmt: skip
+            _turn(dest if rounding != NO_NORM else source, dest, rounding == NO_NORM, table, sign, b, a, s, p,
+                  pairs, storage, layout)  # fmt: skip
+            if is_q:
+                continue
+            place = places[b if places.shape[0] > 1 else 0, s]
             if cached and place >= 0:
-                row = rows[b, s]
+                # a paged cache's flat slot is (page, offset in it); a contiguous one's row is in b's
+                outer, row = (place // page, place % page) if page else (b, place)
                 for t in range(trail_y):
                     head = a * trail_y + t
                     for j in range(out_y.shape[4]):
-                        cache_k[place, row, head, j] = out_y[b, a, s, t, j]
+                        cache_k[outer, row, head, j] = out_y[b, a, s, t, j]
                     for j in range(v.shape[4]):
-                        cache_v[place, row, head, j] = v[b, a, s, t, j]
+                        cache_v[outer, row, head, j] = v[b, a, s, t, j]
 
     prologue.__name__ = prologue.__qualname__ = f"prologue_{name}_{rounding}"
     return prologue

@@ -91,8 +91,7 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
     tree = np.array(_jit_prologue.leaves(min(job.head_dim, LONGEST_HEAD)), dtype=np.int64)
     view: Any = host_view if bits or not numpy else _same
     wrap = _wrapper(numpy, bits, job.dtype)
-    batch_rows = np.arange(batch, dtype=np.int64)[:, None]
-    no_places = np.full((batch, seq), -1, dtype=np.int64)
+    no_places = np.full((1, seq), -1, dtype=np.int64)
     no_cache: Any = np.empty((0, 1, 1, 1), dtype=host_dtype)
     no_values: Any = np.empty((0, 1, 1, 1, 1), dtype=host_dtype)
     no_weight = np.empty((1, job.head_dim), dtype=host_dtype)
@@ -102,14 +101,12 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
         found = contiguous(view(weight))
         return found.reshape(-1 if found.ndim == 2 else 1, job.head_dim)
 
-    def places(cache: Any, host: Any) -> tuple[Any, Any]:
-        """Each token's (batch row or page, row or offset), the first -1 where it is skipped."""
-        where = np.broadcast_to(host, (batch, seq)).astype(np.int64)
-        kept = where >= 0
-        if paged:
-            size = cache.k.shape[1 if job.cache == "paged_nhd" else 2]
-            return np.where(kept, where // size, -1), np.where(kept, where % size, 0)
-        return np.where(kept, batch_rows, -1), np.where(kept, where, 0)
+    def places(host: Any) -> Any:
+        """Each token's place as the kernel reads them: (1 or batch, seq) int64, -1 to skip."""
+        found = contiguous(host, dtype=np.int64)
+        if found.ndim == 2 and found.shape[1] == seq and found.shape[0] in (1, batch):
+            return found
+        return np.ascontiguousarray(np.broadcast_to(found, (batch, seq)))
 
     def launch(
         q: Any,
@@ -136,17 +133,18 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
             )
         if cache is None:
             values, cache_k, cache_v = no_values, no_cache, no_cache
-            outer, at = no_places, no_places
+            at, page = no_places, 0
         else:
             values = contiguous(view(v)).reshape(forms[2])
             cache_k = view(cache.k).transpose(axes)
             cache_v = view(cache.v).transpose(axes)
-            outer, at = places(cache, host)
+            at = places(host)
+            page = cache.k.shape[1 if job.cache == "paged_nhd" else 2] if paged else 0
         out_q, out_k = np.empty(q_shape, dtype=host_dtype), np.empty(k_shape, dtype=host_dtype)
         kernel(
             contiguous(view(q)).reshape(forms[0]), out_q.reshape(forms[0]), q_weight,
             contiguous(view(k)).reshape(forms[1]), out_k.reshape(forms[1]), k_weight,
-            values, cache_k, cache_v, outer, at, table, rows, sign, eps, count, tree, lanes, wide_mean, offset,
+            values, cache_k, cache_v, at, page, table, rows, sign, eps, count, tree, lanes, wide_mean, offset,
         )  # fmt: skip
         return wrap(out_q), wrap(out_k)
 
