@@ -233,6 +233,13 @@ def _normalise(
             dest[j] = _store(_normed(row[j], r, weights[j], offset, storage, rounding), storage)
 
 
+@inline
+def _copy(source: Any, dest: Any) -> None:  # pragma: no cover
+    """One row into another (a cache's row: a view with strides of its own)."""
+    for j in range(source.shape[0]):
+        dest[j] = source[j]
+
+
 def prologues(storage: int, rounding: int) -> dict[str, Callable[..., None]]:
     """The two layouts' fused kernels for one storage code and norm rounding (compiled, or loaded
     from numba's cache, on first call): ``kernel(x, out, wx, y, out_y, wy, v, cache_k, cache_v,
@@ -252,9 +259,9 @@ def _prologue(storage: int, layout: int, rounding: int, name: str) -> Callable[.
     ) -> None:  # pragma: no cover  # fmt: skip
         per_batch = pos.shape[0] > 1
         lead, seq, lead_y, trail_y = x.shape[1], x.shape[2], y.shape[1], y.shape[3]
-        many, pairs = x.shape[0] * lead * seq, table.shape[1] // 2
+        many, many_y, pairs = x.shape[0] * lead * seq, y.shape[0] * lead_y * seq, table.shape[1] // 2
         cached = cache_k.shape[0] > 0
-        for item in numba.prange(many + y.shape[0] * lead_y * seq):
+        for item in numba.prange(many + many_y):
             # q's rows, then k's, through one call site (one for each doubled the compile time)
             is_q = item < many
             source, dest, weights = (x, out, wx) if is_q else (y, out_y, wy)
@@ -265,18 +272,21 @@ def _prologue(storage: int, layout: int, rounding: int, name: str) -> Callable[.
                            rounding)  # fmt: skip
             _turn(dest if rounding != NO_NORM else source, dest, rounding == NO_NORM, table, sign, b, a, s, p,
                   pairs, storage, layout)  # fmt: skip
-            if is_q:
-                continue
+        if not cached:
+            return
+        # k's rows into the cache, then v's: a cache's rows of one place in every head are apart by
+        # a power of two, and writing each k row beside its v row took twice as long
+        for item in numba.prange(2 * many_y):
+            is_v = item >= many_y
+            b, a, s = _where(item - (many_y if is_v else 0), lead_y, seq)
             place = places[b if places.shape[0] > 1 else 0, s]
-            if cached and place >= 0:
-                # a paged cache's flat slot is (page, offset in it); a contiguous one's row is in b's
-                outer, row = (place // page, place % page) if page else (b, place)
-                for t in range(trail_y):
-                    head = a * trail_y + t
-                    for j in range(out_y.shape[4]):
-                        cache_k[outer, row, head, j] = out_y[b, a, s, t, j]
-                    for j in range(v.shape[4]):
-                        cache_v[outer, row, head, j] = v[b, a, s, t, j]
+            if place < 0:
+                continue
+            # a paged cache's flat slot is (page, offset in it); a contiguous one's row is in b's
+            outer, row = (place // page, place % page) if page else (b, place)
+            values, into = (v, cache_v) if is_v else (out_y, cache_k)
+            for t in range(trail_y):
+                _copy(values[b, a, s, t], into[outer, row, a * trail_y + t])
 
     prologue.__name__ = prologue.__qualname__ = f"prologue_{name}_{rounding}"
     return prologue
