@@ -187,9 +187,10 @@ REGISTRY: tuple[Kernel, ...] = (
 FUSIONS: tuple[Fusion, ...] = (
     Fusion(
         name="numba",
-        summary="one parallel numba pass per call: each head of q and k normalised (the sum of "
-        "squares in NumPy's pairwise order), rotated at its table row, rounded where the steps "
-        "apart round, and k and v written into the cache at each token's place",
+        summary="one numba call: a parallel pass normalising each head of q and k (the sum of "
+        "squares in the library's own order, in SIMD vectors), rotating it at its table row, "
+        "rounded where the steps apart round, then one writing k and v into the cache at each "
+        "token's place",
         libraries=frozenset({"numpy", "torch"}),
         devices=frozenset({"cpu"}),
         dtypes=FLOATS | {"float16", "bfloat16"},

@@ -1,5 +1,6 @@
-"""The fused prologue's numba kernel: each head of q and k normalised, rotated, and k and v
-written into the KV cache, in one parallel pass; imported only once numba is known installed.
+"""The fused prologue's numba kernel: each head of q and k normalised and rotated in one parallel
+pass over their rows, then k and v written into the KV cache in a second one (k's rows, then
+v's); imported only once numba is known installed.
 
 Arrays arrive as the rotation kernels take them (see :mod:`._jit`): q, k and v five-axis
 ``(batch, lead, seq, trail, head_dim)`` (a head is ``lead * trail + t``), the table of cos and
@@ -9,7 +10,8 @@ row, or a page and its offset), with each token's place given as ``(1 or batch, 
 or in a paged cache (``page`` its page size, else 0) its flat slot; negative: not written.
 
 Every step is the generic composition's own arithmetic, in its order: the sum of squares in
-NumPy's pairwise order (``np.mean``'s, so NumPy results are the same bit for bit), the mean,
+NumPy's pairwise order (``np.mean``'s, so NumPy results are the same bit for bit) or torch's
+(its vector lanes), summed in SIMD vectors (:mod:`._jit_sums`), the mean,
 ``1 / sqrt`` of it plus eps, the weight where the family rounds, each value rounded to x's dtype
 where the generic code rounds it, then the rotation of :func:`._jit._turn`.
 """

@@ -1,5 +1,5 @@
 """The fused prologue for NumPy arrays and CPU tensors: QK-norm, RoPE and the KV-cache write in
-one parallel numba pass (:mod:`._jit_prologue`).
+one numba call (:mod:`._jit_prologue`).
 
 :func:`prepare` works out once per :class:`anyrope._fusion.PrologueJob` what the call's
 signature fixes (the compiled kernel, the five-axis shapes, how each array is seen as NumPy's,
