@@ -38,7 +38,7 @@ def vertical_sums(lanes: int, accumulators: int) -> Any:
         if not (isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C"):
             return None
         wide = row.dtype == types.float64
-        found = types.UniTuple(types.float64 if wide else types.float32, lanes)  # type: ignore[no-untyped-call]
+        found = types.UniTuple(types.float64 if wide else types.float32, lanes)  # type: ignore[no-untyped-call,unused-ignore]
         signature = found(row, types.intp, types.intp, types.intp)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
@@ -56,7 +56,7 @@ def vertical_sums(lanes: int, accumulators: int) -> Any:
                 return builder.fmul(value, value)
 
             zero = ir.Constant(vector, [0.0] * lanes)
-            sums = [cgutils.alloca_once_value(builder, zero) for _ in range(accumulators)]  # type: ignore[no-untyped-call]
+            sums = [cgutils.alloca_once_value(builder, zero) for _ in range(accumulators)]  # type: ignore[no-untyped-call,unused-ignore]
             group = ir.Constant(intp, accumulators)
             whole = builder.sub(count, builder.srem(count, group))
 
