@@ -85,6 +85,9 @@ class Fusion:
     # Whether its q and k equal the steps apart's bit for bit; else they are within a few units
     # in the last place of each head's largest value (its summary says why).
     exact: bool = True
+    # Whether it takes only calls with a norm: where a rotation and a cache write alone run
+    # faster as their steps (the rotation kernel, then a slice write), as on a CPU.
+    needs_norm: bool = False
     # What this machine refuses that no declaration can say (a probe, run once per kind of call):
     # why the fusion would not equal the steps apart here, or None.
     refuses: Callable[[PrologueJob], str | None] | None = field(default=None, repr=False, compare=False)
@@ -106,6 +109,8 @@ class Fusion:
              "no q and k other than (batch, heads, seq, head_dim) or (batch, seq, heads, head_dim)"),
             (job.rounding is None and job.cache is None,
              "no calls with neither a norm nor a cache (a rotation alone, which the rotation kernels take)"),
+            (job.rounding is None and self.needs_norm,
+             "no calls without a norm (a rotation and a cache write take less time as their steps here)"),
             (job.across_heads, "no norms across a token's heads (OLMo 2's)"),
             (not job.one_dtype, "no q, k and norm weights of different dtypes"),
             (job.rounding is not None and job.head_dim > self.longest_head,

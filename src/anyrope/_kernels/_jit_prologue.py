@@ -26,7 +26,7 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from .._fusion import BEFORE_WEIGHT, NO_NORM
+from .._fusion import BEFORE_WEIGHT
 from ._jit import FLOAT16_BITS, HALF, INTERLEAVED, _turn, _where, inline, load, store
 from ._jit_sums import vertical_sums
 
@@ -269,11 +269,9 @@ def _prologue(storage: int, layout: int, rounding: int, name: str) -> Callable[.
             source, dest, weights = (x, out, wx) if is_q else (y, out_y, wy)
             b, a, s = _where(item - (0 if is_q else many), lead if is_q else lead_y, seq)
             p = pos[b if per_batch else 0, s]
-            if rounding != NO_NORM:
-                _normalise(source, dest, weights, b, a, s, eps, count, at, lanes, wide_mean, offset, storage,
-                           rounding)  # fmt: skip
-            _turn(dest if rounding != NO_NORM else source, dest, rounding == NO_NORM, table, sign, b, a, s, p,
-                  pairs, storage, layout)  # fmt: skip
+            _normalise(source, dest, weights, b, a, s, eps, count, at, lanes, wide_mean, offset, storage,
+                       rounding)  # fmt: skip
+            _turn(dest, dest, False, table, sign, b, a, s, p, pairs, storage, layout)
         if not cached:
             return
         # k's rows into the cache, then v's: a cache's rows of one place in every head are apart by

@@ -30,7 +30,7 @@ LONGEST_HEAD = 1024
 def refuses(job: PrologueJob) -> str | None:
     """Why the kernel's norm would not equal the library's own here, or None: its sum of squares
     is probed against the library's (see :func:`sum_order`)."""
-    if job.rounding is None or sum_order(job.library, job.head_dim, _name(job.compute)) is not None:
+    if sum_order(job.library, job.head_dim, _name(job.compute)) is not None:
         return None
     return f"norms of {job.head_dim} features, whose squares {job.library} sums here in an order the kernel does not know"
 
@@ -87,14 +87,13 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
     batch, seq = forms[1][0], forms[1][2]
     axes, paged = (KERNEL_AXES[job.cache], job.cache.startswith("paged")) if job.cache else ((), False)
     count, wide_mean = float(job.head_dim), numpy  # np.mean divides in float64 (see _jit_prologue)
-    lanes = sum_order(job.library, job.head_dim, _name(job.compute)) or 0 if job.rounding else 0
+    lanes = sum_order(job.library, job.head_dim, _name(job.compute)) or 0
     tree = np.array(_jit_prologue.leaves(min(job.head_dim, LONGEST_HEAD)), dtype=np.int64)
     view: Any = host_view if bits or not numpy else _same
     wrap = _wrapper(numpy, bits, job.dtype)
     no_places = np.full((1, seq), -1, dtype=np.int64)
     no_cache: Any = np.empty((0, 1, 1, 1), dtype=host_dtype)
     no_values: Any = np.empty((0, 1, 1, 1, 1), dtype=host_dtype)
-    no_weight = np.empty((1, job.head_dim), dtype=host_dtype)
     contiguous = np.ascontiguousarray
 
     def weights(weight: Any) -> Any:
@@ -121,16 +120,7 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
         found = source.lookup(seq, job.compute)
         table, rows = found if found is not None else rows_of(source.ctx.xp, *source.tables(seq, job.compute))
         table = contiguous(table if numpy else table.numpy())
-        if norm is None:
-            q_weight = k_weight = no_weight
-            eps = offset = 0.0
-        else:
-            q_weight, k_weight, eps, offset = (
-                weights(norm.q_weight),
-                weights(norm.k_weight),
-                norm.eps,
-                norm.offset,
-            )
+        q_weight, k_weight = weights(norm.q_weight), weights(norm.k_weight)  # a norm: needs_norm
         if cache is None:
             values, cache_k, cache_v = no_values, no_cache, no_cache
             at, page = no_places, 0
@@ -144,7 +134,8 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
         kernel(
             contiguous(view(q)).reshape(forms[0]), out_q.reshape(forms[0]), q_weight,
             contiguous(view(k)).reshape(forms[1]), out_k.reshape(forms[1]), k_weight,
-            values, cache_k, cache_v, at, page, table, rows, sign, eps, count, tree, lanes, wide_mean, offset,
+            values, cache_k, cache_v, at, page, table, rows, sign, norm.eps, count, tree, lanes, wide_mean,
+            norm.offset,
         )  # fmt: skip
         return wrap(out_q), wrap(out_k)
 
