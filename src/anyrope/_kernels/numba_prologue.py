@@ -105,7 +105,7 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
         found = contiguous(host, dtype=np.int64)
         if found.ndim == 2 and found.shape[1] == seq and found.shape[0] in (1, batch):
             return found
-        return np.ascontiguousarray(np.broadcast_to(found, (batch, seq)))
+        return contiguous(np.broadcast_to(found, (batch, seq)))
 
     def launch(
         q: Any,
