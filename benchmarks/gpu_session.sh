@@ -56,7 +56,7 @@ step tests-cupy 100 python3 -m pytest $TESTS --backend=cupy \
 step triton-report 60 python3 tests/triton_report.py --json "$OUT/triton-report.json" > /dev/null 2>&1
 step bench 180 python3 benchmarks/bench_gpu.py --size step --backend torch --backend cupy \
     --dtype bfloat16 --dtype float32 --rounds 5 --out "$OUT" > "$OUT/bench-log.txt" 2>&1
-step prologue 60 python3 benchmarks/bench_prologue_gpu.py --out "$OUT" > "$OUT/prologue-gpu.txt" 2>&1
+step prologue 90 python3 benchmarks/bench_prologue_gpu.py --out "$OUT" > "$OUT/prologue-gpu.txt" 2>&1
 step profile 60 python3 - > "$OUT/profile.txt" 2>&1 <<'PY'
 import cProfile
 import pstats
