@@ -10,17 +10,18 @@
 # results, all written to $OUT (ten files, what the device tool brings back):
 #   1. summary.txt: the GPU, its driver, torch, Triton and CuPy versions, then each step's exit
 #      status and time;
-#   2. tests-cuda.txt, tests-cupy.txt: the Triton kernel on torch CUDA tensors and the CuPy
-#      kernel (rope.cu under NVRTC) held to the generic path, with the compiled and CUDA-graph
-#      tests where they run;
-#   3. triton-report.json: tests/triton_report.py with the machine's Triton (registers, spills,
+#   2. tests-cuda.txt: the Triton kernels on torch CUDA tensors held to the generic path (the
+#      fused prologue's included), with the compiled and CUDA-graph tests where they run;
+#   3. prologue-gpu.txt, prologue-gpu.json: benchmarks/bench_prologue_gpu.py, the fused
+#      attention prologue (Triton) against its steps apart and a copy of its bytes, at a decode
+#      step, a prefill and one sequence of 1 to 8192 tokens (issue 56);
+#   4. tests-cupy.txt: the CuPy kernel (rope.cu under NVRTC) held to the generic path;
+#   5. triton-report.json: tests/triton_report.py with the machine's Triton (registers, spills,
 #      access widths of every kernel the benchmark launches, compiled for this GPU);
-#   4. gpu.json, gpu.md, bench-log.txt: benchmarks/bench_gpu.py at the "step" sizes, torch and
+#   6. gpu.json, gpu.md, bench-log.txt: benchmarks/bench_gpu.py at the "step" sizes, torch and
 #      CuPy, bfloat16 and float32, against a copy of the same bytes and the peers (flashinfer's
 #      apply_rope_pos_ids among them where its wheel was carried and imports);
-#   5. prologue-gpu.txt, prologue-gpu.json: benchmarks/bench_prologue_gpu.py, the fused
-#      attention prologue (Triton) against its steps apart and a copy of its bytes (issue 56);
-#   6. profile.txt: a repeated eager decode call's time per call, back to back (CUDA events),
+#   7. profile.txt: a repeated eager decode call's time per call, back to back (CUDA events),
 #      and where its host time goes (cProfile).
 set -u
 OUT=${OUT:-gpu-out}
@@ -51,12 +52,13 @@ TESTS="-q -x -p no:cacheprovider -W ignore::DeprecationWarning"
 step tests-cuda 200 python3 -m pytest $TESTS --backend=torch-cuda \
     tests/test_triton.py tests/test_prologue.py tests/test_prologue_triton.py tests/test_plans.py tests/test_kernels.py \
     > "$OUT/tests-cuda.txt" 2>&1
+# the open issue's measurements next, before the steps a cut-short session can spare
+step prologue 90 python3 benchmarks/bench_prologue_gpu.py --out "$OUT" > "$OUT/prologue-gpu.txt" 2>&1
 step tests-cupy 100 python3 -m pytest $TESTS --backend=cupy \
     tests/test_kernels.py tests/test_rope.py tests/test_prologue.py > "$OUT/tests-cupy.txt" 2>&1
 step triton-report 60 python3 tests/triton_report.py --json "$OUT/triton-report.json" > /dev/null 2>&1
 step bench 180 python3 benchmarks/bench_gpu.py --size step --backend torch --backend cupy \
     --dtype bfloat16 --dtype float32 --rounds 5 --out "$OUT" > "$OUT/bench-log.txt" 2>&1
-step prologue 90 python3 benchmarks/bench_prologue_gpu.py --out "$OUT" > "$OUT/prologue-gpu.txt" 2>&1
 step profile 60 python3 - > "$OUT/profile.txt" 2>&1 <<'PY'
 import cProfile
 import pstats
