@@ -277,6 +277,42 @@ def test_prologue_writes_the_cache(backend: Backend, mode: str, layout: str, giv
         np.testing.assert_array_equal(backend.to_numpy(k_cache), backend.to_numpy(stored_k))
 
 
+@pytest.mark.parametrize("layout", ["bshd", "paged_hnd"])
+def test_places_past_the_cache_are_skipped_where_no_host_reads_them(
+    backend: Backend, mode: str, layout: str
+) -> None:
+    """Where the places are not read on the host (JAX and MLX arrays, GPUs, a compiler's trace),
+    no check can refuse a place past the cache: it is skipped as a negative one is, the other
+    tokens written and every other slot keeping the canary (MLX's scatter wrote out of bounds,
+    torch's compiled one raised from generated code, a GPU's asserts on the device)."""
+    if backend.name not in WRITERS:
+        pytest.skip(f"{backend.name} arrays are not written by index (test_cache_names_bad_input)")
+    if backend.host_values and mode == "eager":
+        pytest.skip("host values: a place past the cache is refused (test_cache_names_bad_input)")
+    rope, dtype = anyrope.RoPE(HEAD_DIM), "float32"
+    q = backend.asarray(RNG.standard_normal(_shape(HEADS, -2)), dtype)
+    k, v = (backend.asarray(RNG.standard_normal(_shape(KV_HEADS, -2)), dtype) for _ in "kv")
+    capacity = 24 if layout.startswith("paged") else 12
+    places = np.array([[2, capacity, 4, -1, 9], [capacity + 40, 1, 3, 0, capacity - 1]])
+    k_cache, v_cache = (backend.asarray(np.full(CACHES[layout], CANARY), dtype) for _ in "kv")
+
+    def call(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, index: Any) -> Any:
+        cache = anyrope.KVCache(k_cache, v_cache, layout=layout)
+        out = anyrope.prologue(q, k, v, rope=rope, offset=3, cache=cache, cache_index=index)
+        return out.k, out.cache.k, out.cache.v
+
+    got_k, stored_k, stored_v = backend.compile(call, mode)(
+        q, k, v, k_cache, v_cache, backend.asarray(places)
+    )
+    kept = np.where(places < capacity, places, -1)
+    np.testing.assert_array_equal(
+        backend.to_numpy(stored_k), _expected_cache(layout, backend.to_numpy(got_k), kept, HEAD_DIM)
+    )
+    np.testing.assert_array_equal(
+        backend.to_numpy(stored_v), _expected_cache(layout, backend.to_numpy(v), kept, HEAD_DIM)
+    )
+
+
 def test_cache_names_bad_input(backend: Backend) -> None:
     """Each mistake is named before anything is written: the canary cache stays as it was."""
     if backend.name not in WRITERS:

@@ -63,8 +63,8 @@ class KVCache:
     -----
     A negative place, given or a position, skips its token (padding). Places past the cache are
     refused, with nothing written, where their values are on the host (NumPy, CPU tensors
-    outside a compiler); elsewhere nothing reads them, and the library's own scatter meets them
-    (JAX drops such updates; torch on a GPU stops with a device-side assertion).
+    outside a compiler); elsewhere (GPUs, JAX, MLX, a compiler's trace) nothing reads them
+    there, and such a place skips its token as a negative one does.
     """
 
     def __init__(self, k: Any, v: Any, *, layout: str = "bhsd") -> None:
@@ -289,8 +289,10 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any, ho
         cache.k[at] = tokens_k
         cache.v[at] = tokens_v
         return cache
-    # skipped tokens (negative places) take the first written token's place and values
-    written = rows >= 0
+    # skipped tokens (negative places, and places past the cache, which no host check saw: a
+    # scatter would meet them as JAX drops them, torch asserts on the device, MLX writes out of
+    # bounds) take the first written token's place and values
+    written = (rows >= 0) & (rows < cache.places)
     first = xp.argmax(xp.astype(written, xp.int32))[None]
     anything = xp.any(written)
     rows = xp.where(written, rows, xp.where(anything, xp.take(rows, first), 0))

@@ -80,8 +80,8 @@ def prologue(
     Notes
     -----
     q, k and v are never written, and the cache only once every argument is checked (places
-    past the cache's size are refused where their values are on the host; on a GPU or under a
-    compiler nothing reads them, and the fused CUDA call skips them). The arithmetic is the
+    past the cache's size are refused where their values are on the host; on a GPU, for JAX and
+    MLX and under a compiler nothing reads them there, and they are skipped). The arithmetic is the
     steps' own, in this order, so q and k equal ``rope(norm.q(q), norm.k(k))`` bit for bit on
     every library, eagerly and under ``torch.compile``, ``jax.jit`` and ``mx.compile``, and the
     cache holds those k and v; but for the fused call on CUDA tensors (Triton), which sums each
