@@ -313,6 +313,40 @@ def test_places_past_the_cache_are_skipped_where_no_host_reads_them(
     )
 
 
+@pytest.mark.backends("numpy", "torch")
+def test_a_cache_that_cannot_be_written_is_refused_before_any_write(backend: Backend) -> None:
+    """A read-only NumPy cache, a stride-0 view, a torch leaf that requires grad: refused naming
+    the array, with nothing written (v's refusal used to come after k's write), on the fused
+    path and the steps apart, and after a call of the same shapes kept its plan."""
+    rope = anyrope.RoPE(HEAD_DIM)
+    weight = backend.asarray(np.ones(HEAD_DIM), "float32")
+    norm = anyrope.QKNorm(weight, weight)
+    q = backend.asarray(RNG.standard_normal(_shape(HEADS, -2)), "float32")
+    k, v = (backend.asarray(RNG.standard_normal(_shape(KV_HEADS, -2)), "float32") for _ in "kv")
+
+    def fresh() -> tuple[Any, Any]:
+        return tuple(backend.asarray(np.full(CACHES["bhsd"], CANARY), "float32") for _ in "kv")  # type: ignore[return-value]
+
+    spoiled: list[tuple[str, Any]] = []
+    if backend.name == "numpy":
+        read_only = fresh()[1]
+        read_only.setflags(write=False)
+        spoiled.append(("cache.v is read-only", read_only))  # broadcast_to's views are too
+    else:
+        spoiled.append(("cache.v is a leaf tensor that requires grad", fresh()[1].requires_grad_()))
+        spoiled.append(("cache.v has a stride-0 axis", fresh()[1][:1].expand(CACHES["bhsd"])))
+    for switch in (True, False):
+        with anyrope.use_fast_paths(switch):
+            anyrope.prologue(q, k, v, rope=rope, norm=norm, offset=2, cache=anyrope.KVCache(*fresh()))  # kept
+            for message, bad_v in spoiled:
+                k_cache = fresh()[0]
+                with pytest.raises(ValueError, match=message):
+                    anyrope.prologue(
+                        q, k, v, rope=rope, norm=norm, offset=2, cache=anyrope.KVCache(k_cache, bad_v)
+                    )
+                np.testing.assert_array_equal(backend.to_numpy(k_cache), np.full(CACHES["bhsd"], CANARY))
+
+
 def test_cache_names_bad_input(backend: Backend) -> None:
     """Each mistake is named before anything is written: the canary cache stays as it was."""
     if backend.name not in WRITERS:
@@ -342,7 +376,7 @@ def test_cache_names_bad_input(backend: Backend) -> None:
         (
             {"cache": cache, "v": k, "cache_index": [1, 2]},
             ValueError,
-            r"cache_index of shape \(1, 2\) names no place",
+            r"cache_index of shape \(2,\) names no place",
         ),
         ({"cache": {}, "v": k}, TypeError, "cache must be an anyrope.KVCache or None, not dict"),
     ]

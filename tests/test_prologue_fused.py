@@ -156,6 +156,48 @@ def test_the_fusion_checks_before_it_writes(backend: Backend) -> None:
     assert (backend.to_numpy(cache.k) == CANARY).all()
 
 
+def test_rows_that_are_not_innermost_take_the_steps_apart(backend: Backend) -> None:
+    """q or k whose features are not their innermost axis in memory (heads or tokens innermost, a
+    stride-0 view of k's heads): the library sums their squares in another order than for rows,
+    so the fusion refuses them and the result is the steps' own; a packed projection's views and
+    features every other element keep their rows innermost and stay fused, equal to the steps."""
+    rng = np.random.default_rng(11)
+    weight = _array(backend, np.ones(128), "float32")
+    norm, rope = anyrope.QKNorm(weight, weight), anyrope.RoPE(128)
+    k = _array(backend, 3 * rng.standard_normal((2, 2, 3, 128)), "float32")
+    data = 3 * rng.standard_normal((2, 4, 3, 128)).astype(np.float32)
+    views = _views(backend, data)
+    for name, q in views.items():
+        said = anyrope.explain_prologue(q, k, rope=rope, norm=norm, offset=2)
+        fused = name == "every other"
+        assert said.startswith("fused: numba") if fused else "not their innermost axis" in said, (name, said)
+        got = anyrope.prologue(q, k, rope=rope, norm=norm, offset=2)
+        with anyrope.use_fast_paths(False):
+            want = anyrope.prologue(q, k, rope=rope, norm=norm, offset=2)
+        np.testing.assert_array_equal(_bits(backend, got.q), _bits(backend, want.q), err_msg=name)
+
+
+def _views(backend: Backend, data: np.ndarray) -> dict[str, Any]:
+    """data (batch, heads, seq, features) as views with heads innermost, tokens innermost, every
+    other feature of a wider buffer and one head broadcast to all."""
+    if backend.name == "torch":
+        import torch
+
+        x = torch.from_numpy(data)
+        return {
+            "heads": x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2),
+            "tokens": x.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2),
+            "every other": x.repeat_interleave(2, dim=-1)[..., ::2],
+            "broadcast": x[:, :1].expand(x.shape),
+        }
+    return {
+        "heads": np.ascontiguousarray(data.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2),
+        "tokens": np.ascontiguousarray(data.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2),
+        "every other": np.repeat(data, 2, axis=-1)[..., ::2],
+        "broadcast": np.broadcast_to(data[:, :1], data.shape),
+    }
+
+
 def test_sum_order_probes_each_library() -> None:
     """NumPy sums a head's squares pairwise (order 0); torch's order, found per machine, is one the
     kernel knows wherever the fusion takes torch calls, and a refusal names the library if not."""
@@ -165,7 +207,8 @@ def test_sum_order_probes_each_library() -> None:
     job = PrologueJob(
         library="torch", device="cpu", dtype="float32", traced=False, grad=False, layout="half", inverse=False,
         compute="float32", seq_axis=-2, shapes=((1, 1, 1, 128),) * 3, head_dim=128, rounding="before_weight",
-        across_heads=False, one_dtype=True, cache=None, host_places=False, streams=1, xpos=False, has_k=True,
+        across_heads=False, one_dtype=True, features_innermost=True, cache=None, host_places=False, streams=1,
+        xpos=False, has_k=True,
     )  # fmt: skip
     found = numba_prologue.sum_order("torch", 128, "float32")
     refused = FUSIONS[0].why_not(job)

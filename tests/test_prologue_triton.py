@@ -298,3 +298,23 @@ def test_views_of_a_packed_projection_and_a_strided_cache(torch_backend: Backend
 
     fused, steps = _both(backend, call, cache)
     _assert_like_steps(backend, fused, steps, "bfloat16")
+
+
+def test_q_and_k_whose_features_are_not_innermost(torch_backend: Backend) -> None:
+    """q with its heads innermost in memory and k a stride-0 view of one head (expand): the
+    kernel reads them through their strides and writes dense outputs (an output of q's own
+    strides had no rows of contiguous features to write), within the steps' rounding."""
+    backend = torch_backend
+    dim = 64
+    data = _array(backend, 3 * RNG.standard_normal((BATCH, HEADS, SEQ, dim)), "float32")
+    q = data.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    k = data[:, :1].expand(BATCH, KV_HEADS, SEQ, dim)
+    v = _array(backend, RNG.standard_normal((BATCH, KV_HEADS, SEQ, dim)), "float32")
+    weight = _array(backend, 1 + 0.1 * RNG.standard_normal(dim), "float32")
+
+    def call(cache: Any) -> dict[str, Any]:
+        norm = anyrope.QKNorm(weight, weight)
+        return {"q": q, "k": k, "v": v, "rope": anyrope.RoPE(dim), "norm": norm, "offset": 3, "cache": cache}
+
+    fused, steps = _both(backend, call, lambda: _cache(backend, "bhsd", "float32", dim))
+    _assert_like_steps(backend, fused, steps, "float32")

@@ -336,6 +336,27 @@ def check_writeable(xp: Any, x: Any, arg: str, how: str, traced: bool) -> None:
         )
 
 
+def features_innermost(xp: Any, x: Any) -> bool:
+    """Whether ``x``'s last axis is its innermost in memory: every other axis of more than one
+    element steps over a whole row of it (True for libraries without strides). A library sums
+    such rows in its own order for rows (NumPy's pairwise sums, torch's vectors); it may sum
+    rows of other layouts (a transposed view, a stride-0 axis) in another."""
+    library = library_name(xp)
+    if library == "torch":
+        strides = tuple(x.stride())
+    elif library == "numpy":
+        strides = tuple(step // x.itemsize for step in x.strides)
+    else:
+        return True
+    shape = tuple(x.shape)
+    if not shape:
+        return True
+    row = abs(strides[-1]) * shape[-1]
+    if shape[-1] > 1 and strides[-1] == 0:
+        return False
+    return all(size <= 1 or abs(step) >= row for step, size in zip(strides[:-1], shape[:-1], strict=True))
+
+
 def _repeats_elements(xp: Any, x: Any) -> bool:
     """Whether two of ``x``'s elements share an address: an axis of length > 1 with stride 0. An
     array with no elements has none to share (NumPy 2 gives empty arrays zero strides)."""

@@ -57,6 +57,7 @@ class PrologueJob(NamedTuple):
     rounding: str | None
     across_heads: bool
     one_dtype: bool
+    features_innermost: bool  # q's and k's (see anyrope._compat.features_innermost)
     cache: str | None
     host_places: bool
     streams: int
@@ -113,6 +114,8 @@ class Fusion:
              "no calls without a norm (a rotation and a cache write take less time as their steps here)"),
             (job.across_heads, "no norms across a token's heads (OLMo 2's)"),
             (not job.one_dtype, "no q, k and norm weights of different dtypes"),
+            (self.exact and job.rounding is not None and not job.features_innermost,
+             "no q or k whose features are not their innermost axis in memory (the library sums them in another order)"),
             (job.rounding is not None and job.head_dim > self.longest_head,
              f"no norms over more than {self.longest_head} features"),
             (job.cache is not None and not job.host_places and not self.device_places,

@@ -18,6 +18,7 @@ from typing import Any
 from ._args import shown
 from ._compat import (
     check_same_device,
+    check_writeable,
     device_of,
     environment,
     host_array,
@@ -148,7 +149,29 @@ def check(cache: KVCache, k: Any, v: Any, seq_axis: int) -> Any:
             f"the cache's batch of {cache.k.shape[0]} rows differs from k's {k.shape[0]}: a contiguous "
             "cache holds one row of its batch per row of k"
         )
+    check_writes(cache, xp)
     return xp
+
+
+def check_writes(cache: KVCache, xp: Any) -> None:
+    """The cache's arrays may be written in place, both checked before either is written: not
+    read-only, no stride-0 views, no torch leaf that requires grad (autograd refuses to write
+    one, and would write k's before refusing v's)."""
+    if library_name(xp) in _RETURNED:
+        return
+    traced = is_traced(xp, cache.k, cache.v)
+    for arg, stored in (("cache.k", cache.k), ("cache.v", cache.v)):
+        check_writeable(xp, stored, arg, "the cache write", traced)
+        if getattr(stored, "requires_grad", False) and stored.is_leaf:
+            raise ValueError(
+                f"{arg} is a leaf tensor that requires grad (a parameter), which torch does not write "
+                f"in place: pass {arg}.detach() (a cache holds values)"
+            )
+
+
+# The libraries whose cache writes make new arrays, one way or another (JAX's .at[].set, MLX's
+# item assignment replaces an array's buffer): nothing of theirs is refused for being written.
+_RETURNED = frozenset({"jax.numpy", "mlx"})
 
 
 def places(
@@ -185,16 +208,19 @@ def places(
         steps = xp.arange(seq, dtype=_index_dtype(xp, device), device=device)
         found = steps[None, :] + (start if whole else xp.reshape(start, (-1, 1)))
         arg = "offset"
+    given = tuple(found.shape)  # as the caller gave it (an offset's: below, where it is wrong)
     if len(found.shape) == 1:
         found = found[None, :]
     if len(found.shape) != 2 or found.shape[-1] != seq or found.shape[0] not in (1, batch):
+        if arg == "offset":
+            given = tuple(_integers(xp, k, offset, device, arg).shape)
         raise ValueError(
-            f"{arg} of shape {tuple(found.shape)} names no place per token: k has {batch} rows of {seq} "
-            f"tokens, so give (seq,) or (batch, seq)"
+            f"{arg} of shape {given} names no place per token: k has {batch} rows of {seq} "
+            f"tokens, so give {'an int or (batch,)' if arg == 'offset' else '(seq,) or (batch, seq)'}"
         )
     if cache.paged and found.shape[0] != batch and batch != 1:
         raise ValueError(
-            f"cache_index of shape {tuple(found.shape)} would send every row of k to the same slots: give (batch, seq)"
+            f"cache_index of shape {given} would send every row of k to the same slots: give (batch, seq)"
         )
     traced = is_traced(xp, found)
     host = host_array(xp, found, traced)
@@ -261,6 +287,7 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any, ho
     """k (rotated) and v written at each token's place (``where``, and ``host``, its host copy
     or None: see :func:`places`); the cache itself where the library writes in place, else
     (JAX) a new one."""
+    check_writes(cache, xp)  # a kept decision to run the steps skips check(): its arrays are new
     start = None if host is None or cache.paged else _one_run(host)
     if start is not None:  # every batch row's tokens to rows start, start + 1, ...: a slice
         return _write_run(cache, xp, k, v, seq_axis, start)

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from . import _kvcache
 from ._call import rope_source
-from ._compat import is_traced, namespace_and_library
+from ._compat import features_innermost, is_traced, namespace_and_library
 from ._context import needs_grad
 from ._fusion import Fusion, PrologueJob, PrologueLaunch
 from ._kvcache import KVCache
@@ -87,7 +87,9 @@ def prologue(
     cache holds those k and v; but for the fused call on CUDA tensors (Triton), which sums each
     head's squares in an order of its own: there q and k are within a few units in the last
     place of each head's largest value (one in 16-bit dtypes). ``anyrope.use_fast_paths(False)``
-    runs the steps.
+    runs the steps. A NaN (a head holding inf or NaN) comes out NaN on every path, but its bits
+    in bfloat16 are the conversion's: torch's vector loops write 0xFFFF, its scalar code and the
+    fused kernels 0x7FC0.
     """
     rotary = rope._rotary if isinstance(rope, RoPE) else None
     key = (
@@ -245,6 +247,7 @@ def _job(plan: Any, q: Any, k: Any, v: Any, norm: QKNorm | None, cache: KVCache 
     same = q.dtype == k.dtype and (norm is None or norm.q_weight.dtype == q.dtype == norm.k_weight.dtype)
     # gradients of the norm's weights and of v too (the rotation's plan saw only q and k)
     others = (v,) if norm is None else (v, norm.q_weight, norm.k_weight)
+    others += () if cache is None else (cache.k, cache.v)  # a cache that carries gradients
     grad = ctx.grad or (ctx.library == "torch" and needs_grad(others))
     return PrologueJob(
         library=ctx.library, device=ctx.env.device_type, dtype=first.key.dtype, traced=ctx.traced,
@@ -252,6 +255,7 @@ def _job(plan: Any, q: Any, k: Any, v: Any, norm: QKNorm | None, cache: KVCache 
         seq_axis=first.seq_axis, shapes=(tuple(q.shape), tuple(k.shape), () if v is None else tuple(v.shape)),
         head_dim=int(q.shape[-1]), rounding=None if norm is None else norm.rounding,
         across_heads=norm is not None and norm.across_heads, one_dtype=same,
+        features_innermost=features_innermost(ctx.xp, q) and features_innermost(ctx.xp, k),
         cache=None if cache is None else cache.layout, host_places=host is not None, streams=streams,
         xpos=plan.xpos, has_k=True,
     )  # fmt: skip
@@ -262,7 +266,7 @@ def _early(library: str, *, traced: bool, has_k: bool) -> PrologueJob:
     return PrologueJob(
         library=library, device="", dtype="", traced=traced, grad=False, layout="", inverse=False,
         compute=None, seq_axis=-2, shapes=((),), head_dim=0, rounding=None, across_heads=False,
-        one_dtype=True, cache=None, host_places=False, streams=1, xpos=False, has_k=has_k,
+        one_dtype=True, features_innermost=True, cache=None, host_places=False, streams=1, xpos=False, has_k=has_k,
     )  # fmt: skip
 
 
@@ -288,7 +292,10 @@ def _signature(
     arrays = more_signature(q, v, *weights, *stores)
     if arrays is None:
         return None
-    forms = (type(norm), None if norm is None else (norm.rounding, norm.across_heads))
+    forms: tuple[Any, ...] = (type(norm), None if norm is None else (norm.rounding, norm.across_heads))
+    if cache is not None:  # NumPy's read-only flag, which its part of a signature leaves out
+        forms += (getattr(getattr(cache.k, "flags", None), "writeable", None),
+                  getattr(getattr(cache.v, "flags", None), "writeable", None))  # fmt: skip
     return ("prologue", head, arrays, *forms, type(cache), None if cache is None else cache.layout)
 
 

@@ -326,7 +326,9 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
     ) -> tuple[Any, Any]:
         fused = source.kernel_angles(compute)
         angles = _angles(job, fused)
-        out_q, out_k = torch.empty_like(q), torch.empty_like(k)
+        # dense outputs whatever q's and k's strides: the kernel writes rows of contiguous features
+        out_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         q5, k5 = _five_of(q, axis), _five_of(k, axis)
         oq5, ok5 = _five(out_q, axis), _five(out_k, axis)  # 4-D: one more axis of 1, always a view
         assert oq5 is not None and ok5 is not None  # noqa: PT018 - both outputs, one fact
