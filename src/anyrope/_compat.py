@@ -341,15 +341,8 @@ def features_innermost(xp: Any, x: Any) -> bool:
     element steps over a whole row of it (True for libraries without strides). A library sums
     such rows in its own order for rows (NumPy's pairwise sums, torch's vectors); it may sum
     rows of other layouts (a transposed view, a stride-0 axis) in another."""
-    library = library_name(xp)
-    if library == "torch":
-        strides = tuple(x.stride())
-    elif library == "numpy":
-        strides = tuple(step // x.itemsize for step in x.strides)
-    else:
-        return True
-    shape = tuple(x.shape)
-    if not shape:
+    strides, shape = _element_strides(xp, x), tuple(x.shape)
+    if not strides or not shape:
         return True
     row = abs(strides[-1]) * shape[-1]
     if shape[-1] > 1 and strides[-1] == 0:
@@ -362,14 +355,17 @@ def _repeats_elements(xp: Any, x: Any) -> bool:
     array with no elements has none to share (NumPy 2 gives empty arrays zero strides)."""
     if 0 in tuple(x.shape):
         return False
-    library = library_name(xp)
-    if library == "torch":
-        strides, shape = x.stride(), x.shape
-    elif library == "numpy":
-        strides, shape = x.strides, x.shape
-    else:  # CuPy's views come from expand and broadcast_to too
-        strides, shape = getattr(x, "strides", ()), x.shape
-    return any(stride == 0 and size > 1 for stride, size in zip(strides, shape, strict=False))
+    strides = _element_strides(xp, x) or ()
+    return any(stride == 0 and size > 1 for stride, size in zip(strides, x.shape, strict=False))
+
+
+def _element_strides(xp: Any, x: Any) -> tuple[int, ...] | None:
+    """``x``'s strides in elements: torch's, NumPy's and CuPy's (whose views come from expand and
+    broadcast_to too); None for arrays without strides (JAX, MLX, Dask)."""
+    if library_name(xp) == "torch":
+        return tuple(x.stride())
+    found = getattr(x, "strides", None)
+    return None if found is None else tuple(step // x.itemsize for step in found)
 
 
 def is_writeable(xp: Any, x: Any) -> bool:

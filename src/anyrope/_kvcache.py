@@ -149,11 +149,11 @@ def check(cache: KVCache, k: Any, v: Any, seq_axis: int) -> Any:
             f"the cache's batch of {cache.k.shape[0]} rows differs from k's {k.shape[0]}: a contiguous "
             "cache holds one row of its batch per row of k"
         )
-    check_writes(cache, xp)
+    _check_writes(cache, xp)
     return xp
 
 
-def check_writes(cache: KVCache, xp: Any) -> None:
+def _check_writes(cache: KVCache, xp: Any) -> None:
     """The cache's arrays may be written in place, both checked before either is written: not
     read-only, no stride-0 views, no torch leaf that requires grad (autograd refuses to write
     one, and would write k's before refusing v's)."""
@@ -167,6 +167,16 @@ def check_writes(cache: KVCache, xp: Any) -> None:
                 f"{arg} is a leaf tensor that requires grad (a parameter), which torch does not write "
                 f"in place: pass {arg}.detach() (a cache holds values)"
             )
+
+
+def writes_form(cache: KVCache) -> tuple[Any, ...]:
+    """What :func:`_check_writes` reads of the cache's arrays that their part of a call's
+    signature (shapes, strides, requires_grad) leaves out: NumPy's read-only flag and torch's
+    leaf flag. A kept plan's calls, which skip the checks, hold it in their key."""
+    return tuple(
+        (getattr(getattr(x, "flags", None), "writeable", None), getattr(x, "is_leaf", None))
+        for x in (cache.k, cache.v)
+    )
 
 
 # The libraries whose cache writes make new arrays, one way or another (JAX's .at[].set, MLX's
@@ -287,7 +297,6 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any, ho
     """k (rotated) and v written at each token's place (``where``, and ``host``, its host copy
     or None: see :func:`places`); the cache itself where the library writes in place, else
     (JAX) a new one."""
-    check_writes(cache, xp)  # a kept decision to run the steps skips check(): its arrays are new
     start = None if host is None or cache.paged else _one_run(host)
     if start is not None:  # every batch row's tokens to rows start, start + 1, ...: a slice
         return _write_run(cache, xp, k, v, seq_axis, start)

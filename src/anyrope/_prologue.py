@@ -292,11 +292,9 @@ def _signature(
     arrays = more_signature(q, v, *weights, *stores)
     if arrays is None:
         return None
-    forms: tuple[Any, ...] = (type(norm), None if norm is None else (norm.rounding, norm.across_heads))
-    if cache is not None:  # NumPy's read-only flag, which its part of a signature leaves out
-        forms += (getattr(getattr(cache.k, "flags", None), "writeable", None),
-                  getattr(getattr(cache.v, "flags", None), "writeable", None))  # fmt: skip
-    return ("prologue", head, arrays, *forms, type(cache), None if cache is None else cache.layout)
+    forms = (type(norm), None if norm is None else (norm.rounding, norm.across_heads))
+    stored = (None,) if cache is None else (cache.layout, _kvcache.writes_form(cache))
+    return ("prologue", head, arrays, *forms, type(cache), *stored)
 
 
 def _check_values(q: Any, k: Any, v: Any) -> None:
