@@ -195,6 +195,11 @@ def test_qk_norm_names_bad_arguments() -> None:
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="q is a torch array but q_weight is a numpy array"):
         norm.q(torch.zeros(_shape(HEADS, -2)))
+    # compiled too: dynamo reports the same error, not a failure to trace the library check
+    torch._dynamo.reset()
+    compiled = torch.compile(norm.q, fullgraph=True)
+    with pytest.raises((TypeError, torch._dynamo.exc.Unsupported), match="but q_weight is a numpy array"):
+        compiled(torch.zeros(_shape(HEADS, -2)))
 
 
 # The KV cache: the layouts' shapes (batch 2, KV_HEADS heads, 12 rows or 6 pages of 4 slots),

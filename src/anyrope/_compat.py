@@ -83,9 +83,12 @@ def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
 
 def _is_torch_type(kind: type) -> bool:
     module = kind.__module__
-    # tensors and parameters first: dynamo compares their module's name, but cannot trace
-    # str.partition on a Parameter's (a QKNorm of a model's weights in a compiled forward)
-    return module in ("torch", "torch.nn.parameter") or module.partition(".")[0] == "torch"
+    # tensors, parameters and NumPy arrays first: dynamo compares their module's name, but
+    # cannot trace str.partition on a Parameter's (a QKNorm of a model's weights in a compiled
+    # forward) or a NumPy array's (NumPy weights given with torch q, refused by name)
+    if module in ("torch", "torch.nn.parameter"):
+        return True
+    return module != "numpy" and module.partition(".")[0] == "torch"
 
 
 def _torch_namespace() -> Any:
