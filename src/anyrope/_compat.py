@@ -155,7 +155,10 @@ def namespace_and_library(first: tuple[str, Any], *others: tuple[str, Any]) -> t
     (argument name, array) pair is of the same library."""
     xp, library = _namespace_of(*first)
     for arg, value in others:
-        other = _namespace_of(arg, value)[1]
+        if library == "torch" and type(value).__module__ == "numpy":
+            other = "numpy"  # named without the memo: dynamo before torch 2.13 cannot read it
+        else:
+            other = _namespace_of(arg, value)[1]
         if other != library:
             raise TypeError(
                 f"{first[0]} is a {library} array but {arg} is a {other} array; pass arrays "

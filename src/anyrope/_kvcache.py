@@ -215,7 +215,7 @@ def places(
     else:
         whole = isinstance(offset, numbers.Integral)  # Python's and NumPy's ints
         start = int(offset) if whole else _integers(xp, k, offset, device, "offset")
-        steps = xp.arange(seq, dtype=_index_dtype(xp, device), device=device)
+        steps = xp.arange(seq, dtype=_index_dtype(xp, k, device), device=device)
         found = steps[None, :] + (start if whole else xp.reshape(start, (-1, 1)))
         arg = "offset"
     given = tuple(found.shape)  # as the caller gave it (an offset's: below, where it is wrong)
@@ -285,12 +285,13 @@ def _integers(xp: Any, k: Any, value: Any, device: Any, arg: str) -> Any:
         if not isdtype(xp, value.dtype, "integral"):
             raise TypeError(f"{arg} must hold integers, not {value.dtype}")
         return value
-    return xp.asarray(value, dtype=_index_dtype(xp, device), device=device)
+    return xp.asarray(value, dtype=_index_dtype(xp, k, device), device=device)
 
 
-def _index_dtype(xp: Any, device: Any) -> Any:
-    """The widest integer dtype on the device (int32 for JAX without x64)."""
-    return environment(xp, device).index
+def _index_dtype(xp: Any, k: Any, device: Any) -> Any:
+    """The widest integer dtype on k's device (int32 for JAX without x64), read from no memo
+    while k is traced (dynamo before torch 2.13 cannot hash a device)."""
+    return environment(xp, device, traced=is_traced(xp, k)).index
 
 
 def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any, host: Any) -> KVCache:
@@ -307,7 +308,7 @@ def write(cache: KVCache, xp: Any, k: Any, v: Any, seq_axis: int, where: Any, ho
     if tokens == 0:  # nothing to write (and no first token to send skipped ones to)
         return cache
     device = device_of(xp, k)
-    dtype = _index_dtype(xp, device)
+    dtype = _index_dtype(xp, k, device)
     rows = xp.reshape(xp.astype(xp.broadcast_to(where, (batch, seq)), dtype), (tokens,))
     owners = xp.arange(batch, dtype=dtype, device=device)[:, None]
     owner = xp.reshape(xp.broadcast_to(owners, (batch, seq)), (tokens,))
