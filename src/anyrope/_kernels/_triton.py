@@ -40,10 +40,9 @@ __all__ = ["prepare", "prepare_pair", "prepare_pair_traced", "prepare_traced"]
 
 HALF, INVERSE, SCALED = 1, 2, 4  # flags of a call
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Triton's interpreter swaps parts of triton.language while it runs a kernel: one launch at a time.
-_one_launch_at_a_time: Any = (
-    threading.Lock() if os.environ.get("TRITON_INTERPRET") == "1" else contextlib.nullcontext()
-)
+_one_launch_at_a_time: Any = threading.Lock() if _INTERPRETED else contextlib.nullcontext()
 
 
 @triton.jit
@@ -306,7 +305,9 @@ def _launch(
 ) -> None:
     """Rotate each five-axis x into its five-axis out (x itself in place), one or two arrays in
     one launch: the first array's programs, then the second's. ``direct``: an eager call
-    launches the kernel itself, not through ``wrap_triton``, which the ops need for tracing."""
+    launches the kernel itself, not through ``wrap_triton``, which the ops need for tracing.
+    Under the interpreter every launch is direct: the ops are plain custom ops there, and torch
+    2.11's ``wrap_triton`` refuses an interpreted kernel."""
     arrays = [(x, out) for x, out in arrays if x.numel() != 0]
     if not arrays:
         return
@@ -326,7 +327,7 @@ def _launch(
     y, y_out = arrays[-1]  # x again where it is alone: its programs are all there are
     width = x.shape[4]
     with _one_launch_at_a_time:
-        (_rotate_kernel if direct else wrap_triton(_rotate_kernel))[(sum(programs),)](
+        (_rotate_kernel if direct or _INTERPRETED else wrap_triton(_rotate_kernel))[(sum(programs),)](
             x, out, y, y_out, *pointers,  # x where the mode reads nothing
             angles.start, width, programs[0], *shapes[0], *shapes[-1], *si, *sc,
             PAIRS=pairs, PAIRS_P2=pairs_p2, TAIL_P2=triton.next_power_of_2(max(1, width - 2 * pairs)),
@@ -364,7 +365,6 @@ def _run(calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles, di
 # annotations (Optional, not "| None": torch's schema inference on Python 3.10 reads typing's form).
 # Under the interpreter (the CPU test run) they are plain custom ops with fake implementations:
 # there wrap_triton hands back the interpreted kernel, which would run on fake tensors.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _define: Any = torch.library.custom_op if _INTERPRETED else triton_op
 
 
