@@ -47,10 +47,12 @@ step() {  # step NAME SECONDS COMMAND...: run it under its timeout, its status i
 } > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 
-# the GPU's own tests first: a step cut short by its timeout keeps what ran (-x: the first failure ends it)
-TESTS="-q -x -p no:cacheprovider -W ignore::DeprecationWarning"
+# the GPU's own tests first: a step cut short by its timeout keeps what ran (-x: the first failure
+# ends it); four processes (pytest-xdist is on the machine), each test to the next free one, the
+# open issue's files first
+TESTS="-q -x -n 4 -p no:cacheprovider -W ignore::DeprecationWarning"
 step tests-cuda 200 python3 -m pytest $TESTS --backend=torch-cuda \
-    tests/test_triton.py tests/test_prologue.py tests/test_prologue_triton.py tests/test_plans.py tests/test_kernels.py \
+    tests/test_prologue_triton.py tests/test_prologue.py tests/test_triton.py tests/test_plans.py tests/test_kernels.py \
     > "$OUT/tests-cuda.txt" 2>&1
 # the open issue's measurements next, before the steps a cut-short session can spare
 step prologue 90 python3 benchmarks/bench_prologue_gpu.py --out "$OUT" > "$OUT/prologue-gpu.txt" 2>&1
