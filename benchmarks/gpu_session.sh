@@ -4,8 +4,8 @@
 #
 #     bash benchmarks/gpu_session.sh        # $OUT: where the results go (./gpu-out by default)
 #
-# with the wheels the machine lacks carried in .whl/ (array-api-compat at least; the device
-# tool's README says how to download them for its Python), and a timeout of about 600 s.
+# with the wheels the machine lacks carried in .whl/ (made here first by
+# ``bash benchmarks/gpu_wheels.sh``), and a timeout of about 600 s.
 # In order, each step under a timeout of its own, so that one slow step leaves the others'
 # results, all written to $OUT (ten files, what the device tool brings back):
 #   1. summary.txt: the GPU, its driver, torch, Triton and CuPy versions, then each step's exit
