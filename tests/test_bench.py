@@ -912,9 +912,13 @@ def test_the_gpu_session_script_names_what_exists() -> None:
     """benchmarks/gpu_session.sh, the one prepared call on a lent GPU: valid bash, and every test
     file and script it runs exists (a renamed one would cost a session's device time to find)."""
     script = ROOT / "benchmarks" / "gpu_session.sh"
-    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
-    named = set(re.findall(r"\b((?:tests|benchmarks)/[\w/]+\.py)\b", script.read_text(encoding="utf-8")))
+    for bash in (script, ROOT / "benchmarks" / "gpu_wheels.sh"):  # the session and its wheels
+        assert subprocess.run(["bash", "-n", str(bash)], check=False).returncode == 0, bash
+    named = set(
+        re.findall(r"\b((?:tests|benchmarks)/[\w/]+\.(?:py|sh))\b", script.read_text(encoding="utf-8"))
+    )
     assert {"tests/test_triton.py", "benchmarks/bench_gpu.py", "tests/triton_report.py"} <= named
+    assert "benchmarks/gpu_wheels.sh" in named
     assert all((ROOT / path).is_file() for path in named), sorted(
         p for p in named if not (ROOT / p).is_file()
     )
