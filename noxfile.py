@@ -9,6 +9,7 @@ nox -s tests-torch        # one backend (torch also runs on CUDA when a GPU is p
 nox -s tests-jax          # JAX, once with x64 off (its default) and once with it on
 nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
 nox -s tests-torch-triton # the Triton kernel for CUDA tensors, on the CPU under Triton's interpreter
+nox -s tests-torch-previous  # the compiled tests on torch 2.11, the release before the pinned one
 nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
 nox -s tests-lowest        # the NumPy suite at the lowest versions the metadata allows
 nox -s peers              # anyrope against transformers, rotary-embedding-torch, mlx.fast.rope (not by default)
