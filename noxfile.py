@@ -9,7 +9,7 @@ nox -s tests-torch        # one backend (torch also runs on CUDA when a GPU is p
 nox -s tests-jax          # JAX, once with x64 off (its default) and once with it on
 nox -s tests-cupy         # skips, saying why, where there is no NVIDIA GPU
 nox -s tests-torch-triton # the Triton kernel for CUDA tensors, on the CPU under Triton's interpreter
-nox -s tests-torch-previous  # the compiled tests on torch 2.11, the release before the pinned one
+nox -s tests-torch-previous  # the compiled tests on torch 2.11, the previous release (not by default)
 nox -s tests-numpy -- -k layout   # arguments after -- go to pytest
 nox -s tests-lowest        # the NumPy suite at the lowest versions the metadata allows
 nox -s peers              # anyrope against transformers, rotary-embedding-torch, mlx.fast.rope (not by default)
@@ -39,8 +39,8 @@ VARIANTS = {f"{n}-{v}": (n, v) for n, b in BACKENDS.items() for v in b.get("vari
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
-# `nox` alone runs every session not marked default=False (all but tests-cupy, peers and bench),
-# in the order they are defined here.
+# `nox` alone runs every session not marked default=False (all but tests-cupy, tests-torch-previous,
+# peers and bench), in the order they are defined here.
 
 
 @nox.session
@@ -106,7 +106,8 @@ for _variant, (_name, _kind) in VARIANTS.items():
         _tests(session, _name, _kind)
 
     _varied.__doc__ = f"Conformance suite on {_name}, variant {_kind!r} (see backends/{_name}/backend.toml)."
-    nox.session(name=f"tests-{_variant}")(_varied)
+    _default = BACKENDS[_name]["variants"][_kind].get("default", True)  # a variant may leave `nox` alone
+    nox.session(name=f"tests-{_variant}", default=_default)(_varied)
 
 
 @nox.session(name="tests-lowest")
