@@ -83,12 +83,9 @@ def _namespace_of(arg: str, value: Any) -> tuple[Any, str]:
 
 def _is_torch_type(kind: type) -> bool:
     module = kind.__module__
-    # tensors, parameters and NumPy arrays first: dynamo compares their module's name, but
-    # cannot trace str.partition on a Parameter's (a QKNorm of a model's weights in a compiled
-    # forward) or a NumPy array's (NumPy weights given with torch q, refused by name)
-    if module in ("torch", "torch.nn.parameter"):
-        return True
-    return module != "numpy" and module.partition(".")[0] == "torch"
+    # tensors and parameters first: dynamo compares their module's name, but cannot trace
+    # str.partition on a Parameter's (a QKNorm of a model's weights in a compiled forward)
+    return module in ("torch", "torch.nn.parameter") or module.partition(".")[0] == "torch"
 
 
 def _torch_namespace() -> Any:
@@ -156,7 +153,9 @@ def namespace_and_library(first: tuple[str, Any], *others: tuple[str, Any]) -> t
     xp, library = _namespace_of(*first)
     for arg, value in others:
         if library == "torch" and type(value).__module__ == "numpy":
-            other = "numpy"  # named without the memo: dynamo before torch 2.13 cannot read it
+            # named here, not by _namespace_of: dynamo cannot split a wrapped NumPy array's
+            # module name, nor, before torch 2.13, read the type memo
+            other = "numpy"
         else:
             other = _namespace_of(arg, value)[1]
         if other != library:
