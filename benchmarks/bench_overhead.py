@@ -160,17 +160,28 @@ def _inputs(library: str) -> tuple[Any, Any, Any]:
     return torch.from_numpy(q), torch.from_numpy(k), torch.arange(Q_DIMS[2])
 
 
+class _StubKernel:
+    """Stands in for the Triton kernel: ``kernel[grid](...)`` appends to ``launches``."""
+
+    def __init__(self, launches: list[int]) -> None:
+        self.launches = launches
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return lambda *_, **__: self.launches.append(1)
+
+
 @contextlib.contextmanager
 def _no_launch(launches: list[int]) -> Iterator[None]:
-    """The Triton kernel's launch replaced by a stub that appends to ``launches``."""
+    """The Triton kernel replaced by a stub that appends to ``launches``: the call is counted up
+    to the kernel's launch, the work that readies it (its arguments) included."""
     from anyrope._kernels import _triton
 
-    launch = _triton._launch
-    _triton._launch = lambda *_, **__: launches.append(1)
+    kernel = _triton._rotate_kernel
+    _triton._rotate_kernel = _StubKernel(launches)
     try:
         yield
     finally:
-        _triton._launch = launch
+        _triton._rotate_kernel = kernel
 
 
 def count_rows(backend: str) -> list[Record]:

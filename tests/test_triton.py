@@ -369,6 +369,48 @@ def test_an_eager_call_is_one_launch(torch_backend: Backend, monkeypatch: pytest
             assert len(made) == (0 if name == "in place" else 1 if name == "q alone" else 2), (name, made)
 
 
+def test_kept_calls_launch_by_the_first_call_s_recipe(
+    torch_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan's first eager call works out its launch from its arrays' shapes and strides; the
+    later ones hand the kernel their own arrays by that recipe, each with new values and offsets
+    and equal to the generic path bit for bit: strided views, features apart (read through a
+    contiguous copy), in place into such a view (written through a dense buffer), q alone, and a
+    k of no heads (not launched)."""
+    import torch
+
+    from anyrope._kernels import _triton
+
+    worked: list[int] = []
+    fixed = _triton._fixed
+    monkeypatch.setattr(_triton, "_fixed", lambda *a, **kw: (worked.append(1), fixed(*a, **kw))[1])
+    rope = anyrope.RoPE(32, rotary_dim=24, layout="interleaved")
+
+    def arrays(seed: int) -> tuple[Any, Any]:
+        whole = _tensor(torch_backend, (3, 9, 4, 64), seed=seed)
+        return whole[:, :7, :, :32].transpose(1, 2), whole[:, :7, :2, ::2].transpose(1, 2)  # (3, 4|2, 7, 32)
+
+    cases = {
+        "strided": lambda q, k, at: rope(q, k, offset=at),
+        "features apart": lambda q, k, at: rope(k, q, offset=at),
+        "in place": lambda q, k, at: rope(q.clone(), k.clone(), offset=at, inplace=True),
+        "in place, features apart": lambda q, k, at: rope(k, offset=at, inplace=True),
+        "q alone": lambda q, k, at: rope(q, offset=at),
+        "k of no heads": lambda q, k, at: rope(q, k[:, :0], offset=at),
+    }
+    for name, call in cases.items():
+        worked.clear()
+        for seed in range(3):
+            at = torch_backend.asarray(np.array([4, 0, 9]) + 100 * seed)
+            with anyrope.use_fast_paths("triton"):
+                fast = call(*arrays(seed), at)
+            with anyrope.use_fast_paths(False):
+                generic = call(*arrays(seed), at)
+            for got, want in zip(torch.atleast_1d(fast), torch.atleast_1d(generic), strict=True):
+                assert torch.equal(got, want), (name, seed)
+        assert worked == [1], name  # worked out once, by the plan's first call
+
+
 def test_an_int_offset_reads_the_kept_table_in_place(
     torch_backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -300,63 +300,136 @@ def tiling(seqs: list[Any], lanes: list[Any], pairs_p2: int, row_bytes: int) -> 
     return block_s, group, max(1, min(4, group * row_bytes // (32 * 16)))
 
 
-def _launch(
-    arrays: list[tuple[torch.Tensor, torch.Tensor]], angles: Angles, *, copy_tail: bool, direct: bool
-) -> None:
-    """Rotate each five-axis x into its five-axis out (x itself in place), one or two arrays in
-    one launch: the first array's programs, then the second's. ``direct``: an eager call
-    launches the kernel itself, not through ``wrap_triton``, which the ops need for tracing.
-    Under the interpreter every launch is direct: the ops are plain custom ops there, and torch
-    2.11's ``wrap_triton`` refuses an interpreted kernel."""
-    arrays = [(x, out) for x, out in arrays if x.numel() != 0]
-    if not arrays:
-        return
-    mode, pairs, flags = angles.mode, angles.pairs, angles.flags
+class _Fixed(NamedTuple):
+    """What a launch's arrays fix of it (their shapes and strides, the RoPE's pairs and the
+    call's flags): its grid, the kernel's integer arguments after the angles' start (the arrays'
+    strides among them), and its constants but the angles' own."""
+
+    grid: int
+    ints: tuple[Any, ...]
+    options: dict[str, Any]
+
+
+def _fixed(
+    arrays: list[tuple[torch.Tensor, torch.Tensor]], pairs: int, flags: int, copy_tail: bool
+) -> _Fixed:
+    """The fixed part of a launch of these five-axis arrays, each x with elements, and outs."""
     pairs_p2 = triton.next_power_of_2(pairs)
     seqs = [x.shape[2] for x, _ in arrays]
     lanes = [x.shape[1] * x.shape[3] for x, _ in arrays]  # heads times trail
-    row = (pairs_p2 if flags & HALF else 2 * pairs_p2) * arrays[0][0].element_size()
+    x = arrays[0][0]
+    row = (pairs_p2 if flags & HALF else 2 * pairs_p2) * x.element_size()
     block_s, group, warps = tiling(seqs, lanes, pairs_p2, row)
     programs = [
         x.shape[0] * triton.cdiv(n, group) * triton.cdiv(seq, block_s)
         for (x, _), n, seq in zip(arrays, lanes, seqs, strict=True)
     ]
-    x, out = arrays[0]
-    pointers, si, sc = angle_arguments(angles, x)
     shapes = [(x.shape[1], x.shape[3], x.shape[2], *x.stride()[:4], *out.stride()[:4]) for x, out in arrays]
-    y, y_out = arrays[-1]  # x again where it is alone: its programs are all there are
     width = x.shape[4]
+    options = {
+        "PAIRS": pairs, "PAIRS_P2": pairs_p2, "TAIL_P2": triton.next_power_of_2(max(1, width - 2 * pairs)),
+        "HALF": bool(flags & HALF), "INVERSE": bool(flags & INVERSE), "SCALED": bool(flags & SCALED),
+        "COPY_TAIL": copy_tail and width > 2 * pairs, "WIDE": x.dtype == torch.float64,
+        "BF16": x.dtype == torch.bfloat16, "SPLIT": SPLIT_BITS, "MASK": (1 << SPLIT_BITS) - 1,
+        "BLOCK_S": block_s, "HEADS": group, "TWO": len(arrays) == 2, "enable_fp_fusion": False,
+        "num_warps": warps,
+    }  # fmt: skip
+    # a lone x's shape and strides stand in for y's too: its programs are all there are
+    return _Fixed(sum(programs), (width, programs[0], *shapes[0], *shapes[-1]), options)
+
+
+def _launch(
+    arrays: list[tuple[torch.Tensor, torch.Tensor]], angles: Angles, *, fixed: _Fixed, direct: bool
+) -> None:
+    """Rotate each x into its out (x itself in place), one or two arrays with elements in one
+    launch: the first array's programs, then the second's. The kernel reads the arrays'
+    pointers, and their shapes and strides from ``fixed``: five-axis views, or (a kept recipe's
+    launch) the arrays those views are of. ``direct``: an eager call launches the kernel itself,
+    not through ``wrap_triton``, which the ops need for tracing. Under the interpreter every
+    launch is direct: the ops are plain custom ops there, and torch 2.11's ``wrap_triton``
+    refuses an interpreted kernel."""
+    (x, out), (y, y_out) = arrays[0], arrays[-1]  # y is x again where it is alone
+    pointers, si, sc = angle_arguments(angles, x)
     with _one_launch_at_a_time:
-        (_rotate_kernel if direct or _INTERPRETED else wrap_triton(_rotate_kernel))[(sum(programs),)](
-            x, out, y, y_out, *pointers,  # x where the mode reads nothing
-            angles.start, width, programs[0], *shapes[0], *shapes[-1], *si, *sc,
-            PAIRS=pairs, PAIRS_P2=pairs_p2, TAIL_P2=triton.next_power_of_2(max(1, width - 2 * pairs)),
-            MODE=mode, MULTI=angles.streams is not None, HALF=bool(flags & HALF),
-            INVERSE=bool(flags & INVERSE), SCALED=bool(flags & SCALED),
-            COPY_TAIL=copy_tail and width > 2 * pairs,
-            WIDE=x.dtype == torch.float64, BF16=x.dtype == torch.bfloat16, SPLIT=SPLIT_BITS, MASK=(1 << SPLIT_BITS) - 1,
-            BLOCK_S=block_s, HEADS=group, TWO=len(arrays) == 2, enable_fp_fusion=False, num_warps=warps,
+        (_rotate_kernel if direct or _INTERPRETED else wrap_triton(_rotate_kernel))[(fixed.grid,)](
+            x, out, y, y_out, *pointers, angles.start, *fixed.ints, *si, *sc,  # x where the mode reads nothing
+            MODE=angles.mode, MULTI=angles.streams is not None, **fixed.options,
         )  # fmt: skip
 
 
-def _run(calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles, direct: bool = False) -> None:
+class _Recipe(NamedTuple):
+    """What an eager call's arrays (their shapes and strides) fix of its run: which x is read
+    through a contiguous copy and which out written through a dense buffer (strides that make
+    no five-axis view), the arrays with elements, and the launch's fixed part (None: none has)."""
+
+    copied: tuple[bool, ...]
+    dense: tuple[bool, ...]
+    live: tuple[int, ...]
+    fixed: _Fixed | None
+
+
+def _run(
+    calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles, direct: bool = False,
+    kept: dict[Any, _Recipe] | None = None,
+) -> None:  # fmt: skip
     """Rotate each x into its out (which may be x), of any strides, given as (x, out, x's
-    sequence axis): one or two arrays of one dtype, in one launch (``direct``: see _launch)."""
-    arrays, copies = [], []
+    sequence axis): one or two arrays of one dtype, in one launch (``direct``: see _launch).
+    ``kept``: a direct launch's recipes by its arrays' shapes and strides, which the first call
+    of a plan works out and the others look up (see _rerun)."""
+    key: Any = None
+    if kept is not None:
+        key = [angles.pairs, angles.flags]
+        for x, out, seq_axis in calls:
+            key += (x.shape, x.stride(), out is x, out.stride(), seq_axis)
+        key = tuple(key)
+        recipe = kept.get(key)
+        if recipe is not None:
+            _rerun(recipe, calls, angles)
+            return
+    arrays, copies, copied, dense = [], [], [], []
     for x, out, seq_axis in calls:
         out5 = _five(out, seq_axis)
+        dense.append(out5 is None)
         if out5 is None:  # into a dense buffer, then copied through out's strides
-            dense = torch.empty_like(x, memory_format=torch.contiguous_format)
-            copies.append((out, dense))
-            out5 = _five(dense, seq_axis)
-        x5 = _five_of(x, seq_axis)
-        assert out5 is not None
+            buffer = torch.empty_like(x, memory_format=torch.contiguous_format)
+            copies.append((out, buffer))
+            out5 = _five(buffer, seq_axis)
+        x5 = _five(x, seq_axis)
+        copied.append(x5 is None)
+        if x5 is None:  # a view of a contiguous copy: the kernel only reads x
+            x5 = _five(x.contiguous(), seq_axis)
+        assert x5 is not None and out5 is not None  # noqa: PT018 - both five-axis views, one fact
         arrays.append((x5, out5))
-    # by identity, not by data pointer: a fake tensor has none
-    in_place = not copies and all(x is out for x, out, _ in calls)
-    _launch(arrays, angles, copy_tail=not in_place, direct=direct)
-    for out, dense in copies:
-        out.copy_(dense)
+    live = tuple(i for i, (x, _) in enumerate(arrays) if x.numel() != 0)
+    fixed = None
+    if live:
+        # by identity, not by data pointer: a fake tensor has none
+        in_place = not copies and all(x is out for x, out, _ in calls)
+        launched = [arrays[i] for i in live]
+        fixed = _fixed(launched, angles.pairs, angles.flags, copy_tail=not in_place)
+        _launch(launched, angles, fixed=fixed, direct=direct)
+    for out, buffer in copies:
+        out.copy_(buffer)
+    if kept is not None:
+        kept[key] = _Recipe(tuple(copied), tuple(dense), live, fixed)
+
+
+def _rerun(recipe: _Recipe, calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles) -> None:
+    """A direct call by its plan's recipe: its own arrays handed to the kernel, whose five-axis
+    views the recipe's strides describe; a contiguous copy or a dense buffer where the recipe
+    says so, as the first call made."""
+    arrays, copies = [], []
+    for (x, out, _), copied, dense in zip(calls, recipe.copied, recipe.dense, strict=True):
+        if dense:
+            buffer = torch.empty_like(x, memory_format=torch.contiguous_format)
+            copies.append((out, buffer))
+            out = buffer  # written in out's stead
+        arrays.append((x.contiguous() if copied else x, out))
+    if recipe.fixed is not None:
+        live = arrays if len(recipe.live) == len(arrays) else [arrays[i] for i in recipe.live]
+        _launch(live, angles, fixed=recipe.fixed, direct=True)
+    for out, buffer in copies:
+        out.copy_(buffer)
 
 
 # The ops share their arguments after the arrays: the call's Angles (its mode named "source":
@@ -478,15 +551,17 @@ def _angles(job: Any, fused: KernelAngles) -> Angles:
 def prepare(job: Any) -> Any:
     """The launch of one job of an eager call: one that records no gradient launches the kernel
     itself (the op layer, which torch.compile, torch.export and autograd need, costs an eager
-    call more than its launch); one that does goes through the ops."""
+    call more than its launch); one that does goes through the ops. The direct launch keeps
+    its recipe (see _run): a plan's calls share their arrays' shapes and strides."""
     axis, writes, compute = job.seq_axis, job.writes, job.compute
     if not job.ctx.grad:
+        kept: dict[Any, _Recipe] = {}
 
         def direct(x: torch.Tensor, out: Any, source: Any) -> Any:
             angles = _angles(job, source.kernel_angles(compute))
             if writes == NEW:
                 out = torch.empty_like(x)
-            _run([(x, out, axis)], angles, direct=True)
+            _run([(x, out, axis)], angles, direct=True, kept=kept)
             return out
 
         return direct
@@ -508,6 +583,7 @@ def prepare_pair(q: Any, k: Any) -> Any:
     or both in place) in one kernel launch: an eager call's (see :func:`prepare`)."""
     x_axis, y_axis, new, compute = q.seq_axis, k.seq_axis, q.writes == NEW, q.compute
     if not q.ctx.grad:
+        kept: dict[Any, _Recipe] = {}
 
         def direct(
             x: torch.Tensor, y: torch.Tensor, out_x: Any, out_y: Any, source: Any, _: Any
@@ -515,7 +591,7 @@ def prepare_pair(q: Any, k: Any) -> Any:
             angles = _angles(q, source.kernel_angles(compute))
             if new:
                 out_x, out_y = torch.empty_like(x), torch.empty_like(y)
-            _run([(x, out_x, x_axis), (y, out_y, y_axis)], angles, direct=True)
+            _run([(x, out_x, x_axis), (y, out_y, y_axis)], angles, direct=True, kept=kept)
             return out_x, out_y
 
         return direct
