@@ -196,6 +196,64 @@ def test_kept_calls_read_new_places(torch_backend: Backend, monkeypatch: pytest.
     assert len(checks) == 2  # the first fused call's and the first of the steps apart's
 
 
+def test_kept_calls_launch_by_the_first_call_s_views(
+    torch_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first call of a signature works out what its arrays' strides fix of the launch; the
+    later ones hand the kernel their own arrays by it, each with new values, as the steps apart
+    give: views of a packed projection with a strided cache, features apart (read through a
+    contiguous copy) into a paged cache, k a stride-0 view, and no cache with v given."""
+    from anyrope._kernels import _triton_prologue
+
+    views: list[int] = []
+    five_of = _triton_prologue._five_of
+    monkeypatch.setattr(_triton_prologue, "_five_of", lambda *a: (views.append(1), five_of(*a))[1])
+    backend, dim, kv = torch_backend, 64, KV_HEADS
+    rope = anyrope.RoPE(dim, rotary_dim=48)
+
+    def arrays(seed: int, form: str) -> tuple[Any, Any, Any]:
+        rng = np.random.default_rng(seed)
+        packed = _array(backend, 3 * rng.standard_normal((BATCH, SEQ, (HEADS + 2 * kv) * 2 * dim)), "float32")
+        q, k, v = packed.unflatten(-1, (HEADS + 2 * kv, 2 * dim)).split([HEADS, kv, kv], dim=2)
+        if form == "features apart":  # (batch, seq, heads, head_dim) with features 2 apart
+            return q[..., ::2], k[..., ::2], v[..., ::2]
+        if form == "k of one head":
+            return q[..., :dim], k[:, :, :1, :dim].expand(BATCH, SEQ, kv, dim), v[..., :dim]
+        return q[..., :dim], k[..., :dim], v[..., dim:]
+
+    def wide_cache() -> Any:
+        wide = _array(backend, np.full((BATCH, MAX_ROWS, kv, 2 * dim), CANARY), "float32")
+        return anyrope.KVCache(wide[..., :dim], wide[..., dim:], layout="bshd")
+
+    caches = {
+        "packed": wide_cache,
+        "features apart": lambda: _cache(backend, "paged_hnd", "float32", dim),
+        "k of one head": wide_cache,
+        "no cache": lambda: None,
+    }
+    weight = _array(backend, 1 + 0.1 * RNG.standard_normal(dim), "float32")
+    norm = anyrope.QKNorm(weight, weight)
+    for form, cache in caches.items():
+        views.clear()
+        for seed in range(3):
+            q, k, v = arrays(seed, form)
+            paged = form == "features apart"
+            where = PLACES + 7 + seed if paged else None
+
+            def call(
+                cache: Any, q: Any = q, k: Any = k, v: Any = v, where: Any = where, seed: int = seed
+            ) -> Any:
+                index = None if where is None or cache is None else _array(backend, where, backend.index)
+                return {
+                    "q": q, "k": k, "v": v, "rope": rope, "norm": norm, "seq_axis": -3, "offset": 2 + seed,
+                    "cache": cache, "cache_index": index,
+                }  # fmt: skip
+
+            fused, steps = _both(backend, call, cache)
+            _assert_like_steps(backend, fused, steps, "float32")
+        assert views == [1, 1, 1], form  # q's, k's and v's views, worked out by the first call alone
+
+
 def test_cuda_graph_replays_new_places(torch_backend: Backend) -> None:
     """Captured once (positions and places as device tensors, nothing read on the host), then
     replayed with other values written into the same tensors: the steps apart's results."""

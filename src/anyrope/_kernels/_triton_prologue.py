@@ -17,7 +17,7 @@ are refused before the launch).
 """
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -263,6 +263,21 @@ def _prologue_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover
         )  # fmt: skip
 
 
+class _Views(NamedTuple):
+    """What a prologue call's arrays' shapes and strides fix of its launch: which of q, k and v
+    the kernel reads through a contiguous copy (strides that make no five-axis view of them);
+    q's heads, trail, length and strides with its output's, k's alike but for its length, v's
+    strides, and the cache's page size, capacity and strides along the kernel's axes."""
+
+    q_copied: bool
+    k_copied: bool
+    v_copied: bool
+    q: tuple[int, ...]
+    k: tuple[int, ...]
+    v: tuple[int, ...]
+    stores: tuple[int, ...]
+
+
 def tiles(seq: int, heads: int, features: int) -> tuple[int, int, int]:
     """A launch's block of tokens, group of heads and warps, for ``seq`` tokens, the most heads
     (times trail) of q and k, and a row's tile of ``features`` (the pairs' and the rest's, each
@@ -321,45 +336,71 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
         rows = rows if rows.stride(-1) == 1 else rows.contiguous()
         return rows, rows.stride(0) if rows.shape[0] > 1 else 0
 
+    def views(q: Any, k: Any, v: Any, cache: Any, out_q: Any, out_k: Any) -> _Views:
+        """What the arrays' shapes and strides fix of a launch (worked out by the first call with
+        them): which of q, k and v are read through a contiguous copy, and the integers their
+        five-axis views and the cache's kernel axes give."""
+        arrays = (q, k, k if v is None else v)  # k stands in for v where nothing is written
+        q5, k5, v5 = (_five_of(x, axis) for x in arrays)
+        q_copied, k_copied, v_copied = (_five(x, axis) is None for x in arrays)
+        oq5, ok5 = _five(out_q, axis), _five(out_k, axis)  # 4-D: one more axis of 1, always a view
+        assert oq5 is not None and ok5 is not None  # noqa: PT018 - both outputs, one fact
+        if cache is None:
+            stores: tuple[int, ...] = (1, 0, *(0,) * 8)  # page size, capacity, the cache's strides
+        else:
+            ck, cv = cache.k.permute(axes), cache.v.permute(axes)
+            stores = (ck.shape[1] if paged else 1, cache.places, *ck.stride(), *cv.stride())
+        return _Views(
+            q_copied, k_copied, v_copied,
+            (q5.shape[1], q5.shape[3], q5.shape[2], *q5.stride()[:4], *oq5.stride()[:4]),
+            (k5.shape[1], k5.shape[3], *k5.stride()[:4], *ok5.stride()[:4]),
+            tuple(v5.stride()[:4]), stores,
+        )  # fmt: skip
+
+    kept: dict[Any, _Views] = {}
+
     def launch(
         q: Any, k: Any, v: Any, norm: Any, cache: Any, where: Any, host: Any, source: Any
     ) -> tuple[Any, Any]:
         fused = source.kernel_angles(compute)
         angles = _angles(job, fused)
+        v = None if cache is None else v  # read only to be written
         # dense outputs whatever q's and k's strides: the kernel writes rows of contiguous features
         out_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         out_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        q5, k5 = _five_of(q, axis), _five_of(k, axis)
-        oq5, ok5 = _five(out_q, axis), _five(out_k, axis)  # 4-D: one more axis of 1, always a view
-        assert oq5 is not None and ok5 is not None  # noqa: PT018 - both outputs, one fact
-        pointers, si, sc = angle_arguments(angles, q5)
-        wq, swq = weights(None if norm is None else norm.q_weight, q5)
-        wk, swk = weights(None if norm is None else norm.k_weight, k5)
-        places, place_start, sp = q5, 0, (0, 0)
-        if cache is None:
-            v5, ck, cv, mode, page_size, capacity = k5, k5, k5, NO_PLACES, 1, 0
-            strides = (0,) * 8
-        else:
-            v5 = _five_of(v, axis)
-            ck, cv = cache.k.permute(axes), cache.v.permute(axes)
-            strides = (*ck.stride(), *cv.stride())
-            page_size, capacity = (ck.shape[1], cache.places) if paged else (1, cache.places)
-            if where is None:  # an int offset's rows, known on the host
-                mode, place_start = RUN, int(host[0, 0]) if host.size else 0
-            else:
-                mode, places = INDEX, where
-                sp = (where.stride(0) if where.shape[0] > 1 else 0, where.stride(1))
         options, programs = shaped(fused.pairs)
         if not sum(programs):
             return out_q, out_k
+        # The job fixes q's and k's shapes (and so the outputs' strides); the rest keys the views.
+        key: Any = (q.stride(), k.stride())
+        if v is not None:
+            key += (v.shape, v.stride())
+        if cache is not None:
+            key += (cache.k.shape, cache.k.stride(), cache.v.shape, cache.v.stride())
+        found = kept.get(key)
+        if found is None:
+            found = kept[key] = views(q, k, v, cache, out_q, out_k)
+        # the arrays themselves, or their copies: the kernel reads pointers, the strides are found's
+        q = q.contiguous() if found.q_copied else q
+        k = k.contiguous() if found.k_copied else k
+        v = k if v is None else v.contiguous() if found.v_copied else v
+        pointers, si, sc = angle_arguments(angles, q)
+        wq, swq = weights(None if norm is None else norm.q_weight, q)
+        wk, swk = weights(None if norm is None else norm.k_weight, k)
+        places, place_start, sp, mode = q, 0, (0, 0), NO_PLACES
+        ck, cv = (k, k) if cache is None else (cache.k, cache.v)
+        if cache is not None and where is None:  # an int offset's rows, known on the host
+            mode, place_start = RUN, int(host[0, 0]) if host.size else 0
+        elif cache is not None:
+            mode, places = INDEX, where
+            sp = (where.stride(0) if where.shape[0] > 1 else 0, where.stride(1))
         with _one_launch_at_a_time:
             _prologue_kernel[(sum(programs),)](
-                q5, oq5, wq, k5, ok5, wk, v5, ck, cv, places, *pointers, constants(norm, q),
-                angles.start, place_start, programs[0], page_size, capacity,
-                q5.shape[1], q5.shape[3], q5.shape[2], *q5.stride()[:4], *oq5.stride()[:4], swq,
-                k5.shape[1], k5.shape[3], *k5.stride()[:4], *ok5.stride()[:4], swk, *v5.stride()[:4],
-                *strides, *sp, *si, *sc, MODE=angles.mode, MULTI=angles.streams is not None, SCALED=fused.scaled,
-                SHIFTED=norm is not None and norm.offset != 0, PLACES=mode, **options,
+                q, out_q, wq, k, out_k, wk, v, ck, cv, places, *pointers, constants(norm, q),
+                angles.start, place_start, programs[0], found.stores[0], found.stores[1], *found.q, swq,
+                *found.k, swk, *found.v, *found.stores[2:], *sp, *si, *sc, MODE=angles.mode,
+                MULTI=angles.streams is not None, SCALED=fused.scaled, SHIFTED=norm is not None and norm.offset != 0,
+                PLACES=mode, **options,
             )  # fmt: skip
         return out_q, out_k
 
