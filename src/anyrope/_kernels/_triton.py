@@ -34,6 +34,7 @@ from torch.library import triton_op, wrap_triton
 from .._angles import SPLIT_BITS
 from .._job import IN_PLACE, NEW
 from .._kernel_angles import POSITIONS, STARTS, TABLES, KernelAngles
+from .._memo import Memo
 from .._pairs import five_axes
 
 __all__ = ["prepare", "prepare_pair", "prepare_pair_traced", "prepare_traced"]
@@ -370,7 +371,7 @@ class _Recipe(NamedTuple):
 
 def _run(
     calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles, direct: bool = False,
-    kept: dict[Any, _Recipe] | None = None,
+    kept: Memo[_Recipe] | None = None,
 ) -> None:  # fmt: skip
     """Rotate each x into its out (which may be x), of any strides, given as (x, out, x's
     sequence axis): one or two arrays of one dtype, in one launch (``direct``: see _launch).
@@ -382,7 +383,7 @@ def _run(
         for x, out, seq_axis in calls:
             key += (x.shape, x.stride(), out is x, out.stride(), seq_axis)
         key = tuple(key)
-        recipe = kept.get(key)
+        recipe = kept.find(key)
         if recipe is not None:
             _rerun(recipe, calls, angles)
             return
@@ -411,7 +412,7 @@ def _run(
     for out, buffer in copies:
         out.copy_(buffer)
     if kept is not None:
-        kept[key] = _Recipe(tuple(copied), tuple(dense), live, fixed)
+        kept.keep(key, _Recipe(tuple(copied), tuple(dense), live, fixed))
 
 
 def _rerun(recipe: _Recipe, calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles) -> None:
@@ -555,7 +556,7 @@ def prepare(job: Any) -> Any:
     its recipe (see _run): a plan's calls share their arrays' shapes and strides."""
     axis, writes, compute = job.seq_axis, job.writes, job.compute
     if not job.ctx.grad:
-        kept: dict[Any, _Recipe] = {}
+        kept: Memo[_Recipe] = Memo(8)  # a plan's arrays have one shape and strides
 
         def direct(x: torch.Tensor, out: Any, source: Any) -> Any:
             angles = _angles(job, source.kernel_angles(compute))
@@ -583,7 +584,7 @@ def prepare_pair(q: Any, k: Any) -> Any:
     or both in place) in one kernel launch: an eager call's (see :func:`prepare`)."""
     x_axis, y_axis, new, compute = q.seq_axis, k.seq_axis, q.writes == NEW, q.compute
     if not q.ctx.grad:
-        kept: dict[Any, _Recipe] = {}
+        kept: Memo[_Recipe] = Memo(8)  # a plan's arrays have one shape and strides
 
         def direct(
             x: torch.Tensor, y: torch.Tensor, out_x: Any, out_y: Any, source: Any, _: Any

@@ -26,6 +26,7 @@ import triton.language as tl
 from .._angles import SPLIT_BITS
 from .._fusion import ROUNDING_CODES, PrologueJob, PrologueLaunch
 from .._kvcache import KERNEL_AXES
+from .._memo import Memo
 from .._pairs import five_axes
 from ._triton import (
     _angles,
@@ -357,7 +358,7 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
             tuple(v5.stride()[:4]), stores,
         )  # fmt: skip
 
-    kept: dict[Any, _Views] = {}
+    kept: Memo[_Views] = Memo(64)  # one entry per signature that shares the job's shapes
 
     def launch(
         q: Any, k: Any, v: Any, norm: Any, cache: Any, where: Any, host: Any, source: Any
@@ -377,9 +378,9 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
             key += (v.shape, v.stride())
         if cache is not None:
             key += (cache.k.shape, cache.k.stride(), cache.v.shape, cache.v.stride())
-        found = kept.get(key)
+        found = kept.find(key)
         if found is None:
-            found = kept[key] = views(q, k, v, cache, out_q, out_k)
+            found = kept.keep(key, views(q, k, v, cache, out_q, out_k))
         # the arrays themselves, or their copies: the kernel reads pointers, the strides are found's
         q = q.contiguous() if found.q_copied else q
         k = k.contiguous() if found.k_copied else k
