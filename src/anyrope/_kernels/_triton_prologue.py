@@ -293,8 +293,9 @@ def tiles(seq: int, heads: int, features: int) -> tuple[int, int, int]:
 
 
 def prepare(job: PrologueJob) -> PrologueLaunch:
-    """The launch of one kind of prologue call: what its signature fixes worked out here once;
-    a call views its arrays, reads its angles and places, and launches once."""
+    """The launch of one kind of prologue call: what its signature fixes worked out here once
+    (what its arrays' strides fix, by the first call with them); a call allocates its outputs,
+    reads its angles and places, and launches once."""
     axis, compute, head_dim = job.seq_axis, job.compute, job.head_dim
     paged = bool(job.cache and job.cache.startswith("paged"))
     axes = KERNEL_AXES[job.cache] if job.cache else None
