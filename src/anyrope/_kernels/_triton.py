@@ -239,14 +239,15 @@ def _five(x: torch.Tensor, seq_axis: int) -> torch.Tensor | None:
     return view if view.stride(-1) == 1 or shape[-1] == 1 else None
 
 
-def _five_of(x: torch.Tensor, seq_axis: int) -> torch.Tensor:
+def _five_of(x: torch.Tensor, seq_axis: int) -> tuple[torch.Tensor, bool]:
     """x as (batch, heads, seq, trail, head_dim): a view where its strides allow one, else a
-    view of a contiguous copy (a kernel only reads x)."""
+    view of a contiguous copy (a kernel only reads x); and whether it is the copy's."""
     found = _five(x, seq_axis)
-    if found is None:
-        found = _five(x.contiguous(), seq_axis)
-    assert found is not None
-    return found
+    if found is not None:
+        return found, False
+    copy = _five(x.contiguous(), seq_axis)
+    assert copy is not None
+    return copy, True
 
 
 class Angles(NamedTuple):
@@ -376,17 +377,33 @@ def _run(
     """Rotate each x into its out (which may be x), of any strides, given as (x, out, x's
     sequence axis): one or two arrays of one dtype, in one launch (``direct``: see _launch).
     ``kept``: a direct launch's recipes by its arrays' shapes and strides, which the first call
-    of a plan works out and the others look up (see _rerun)."""
+    of a plan works out and the others look up."""
     key: Any = None
+    recipe = None
     if kept is not None:
         key = [angles.pairs, angles.flags]
         for x, out, seq_axis in calls:
             key += (x.shape, x.stride(), out is x, out.stride(), seq_axis)
         key = tuple(key)
         recipe = kept.find(key)
-        if recipe is not None:
-            _rerun(recipe, calls, angles)
-            return
+    if recipe is None:
+        recipe, arrays, copies = _worked_out(calls, angles)
+        if kept is not None:
+            kept.keep(key, recipe)
+    else:
+        arrays, copies = _by_recipe(recipe, calls)
+    if recipe.fixed is not None:
+        live = arrays if len(recipe.live) == len(arrays) else [arrays[i] for i in recipe.live]
+        _launch(live, angles, fixed=recipe.fixed, direct=direct)
+    for out, buffer in copies:
+        out.copy_(buffer)
+
+
+def _worked_out(
+    calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles
+) -> tuple[_Recipe, list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The recipe of a call, with its five-axis arrays (views of x, of its copy, of out or of a
+    dense buffer written in out's stead) and the (out, buffer) pairs to copy back."""
     arrays, copies, copied, dense = [], [], [], []
     for x, out, seq_axis in calls:
         out5 = _five(out, seq_axis)
@@ -395,30 +412,25 @@ def _run(
             buffer = torch.empty_like(x, memory_format=torch.contiguous_format)
             copies.append((out, buffer))
             out5 = _five(buffer, seq_axis)
-        x5 = _five(x, seq_axis)
-        copied.append(x5 is None)
-        if x5 is None:  # a view of a contiguous copy: the kernel only reads x
-            x5 = _five(x.contiguous(), seq_axis)
-        assert x5 is not None and out5 is not None  # noqa: PT018 - both five-axis views, one fact
+            assert out5 is not None
+        x5, was_copied = _five_of(x, seq_axis)
+        copied.append(was_copied)
         arrays.append((x5, out5))
     live = tuple(i for i, (x, _) in enumerate(arrays) if x.numel() != 0)
     fixed = None
     if live:
         # by identity, not by data pointer: a fake tensor has none
         in_place = not copies and all(x is out for x, out, _ in calls)
-        launched = [arrays[i] for i in live]
-        fixed = _fixed(launched, angles.pairs, angles.flags, copy_tail=not in_place)
-        _launch(launched, angles, fixed=fixed, direct=direct)
-    for out, buffer in copies:
-        out.copy_(buffer)
-    if kept is not None:
-        kept.keep(key, _Recipe(tuple(copied), tuple(dense), live, fixed))
+        fixed = _fixed([arrays[i] for i in live], angles.pairs, angles.flags, copy_tail=not in_place)
+    return _Recipe(tuple(copied), tuple(dense), live, fixed), arrays, copies
 
 
-def _rerun(recipe: _Recipe, calls: list[tuple[torch.Tensor, torch.Tensor, int]], angles: Angles) -> None:
-    """A direct call by its plan's recipe: its own arrays handed to the kernel, whose five-axis
-    views the recipe's strides describe; a contiguous copy or a dense buffer where the recipe
-    says so, as the first call made."""
+def _by_recipe(
+    recipe: _Recipe, calls: list[tuple[torch.Tensor, torch.Tensor, int]]
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A later call's arrays by its plan's recipe: its own, whose five-axis views the recipe's
+    strides describe (the kernel reads their pointers), or a contiguous copy of x and a dense
+    buffer for out where the recipe says so; and the (out, buffer) pairs to copy back."""
     arrays, copies = [], []
     for (x, out, _), copied, dense in zip(calls, recipe.copied, recipe.dense, strict=True):
         if dense:
@@ -426,11 +438,7 @@ def _rerun(recipe: _Recipe, calls: list[tuple[torch.Tensor, torch.Tensor, int]],
             copies.append((out, buffer))
             out = buffer  # written in out's stead
         arrays.append((x.contiguous() if copied else x, out))
-    if recipe.fixed is not None:
-        live = arrays if len(recipe.live) == len(arrays) else [arrays[i] for i in recipe.live]
-        _launch(live, angles, fixed=recipe.fixed, direct=True)
-    for out, buffer in copies:
-        out.copy_(buffer)
+    return arrays, copies
 
 
 # The ops share their arguments after the arrays: the call's Angles (its mode named "source":

@@ -343,8 +343,7 @@ def prepare(job: PrologueJob) -> PrologueLaunch:
         them): which of q, k and v are read through a contiguous copy, and the integers their
         five-axis views and the cache's kernel axes give."""
         arrays = (q, k, k if v is None else v)  # k stands in for v where nothing is written
-        q5, k5, v5 = (_five_of(x, axis) for x in arrays)
-        q_copied, k_copied, v_copied = (_five(x, axis) is None for x in arrays)
+        (q5, q_copied), (k5, k_copied), (v5, v_copied) = (_five_of(x, axis) for x in arrays)
         oq5, ok5 = _five(out_q, axis), _five(out_k, axis)  # 4-D: one more axis of 1, always a view
         assert oq5 is not None and ok5 is not None  # noqa: PT018 - both outputs, one fact
         if cache is None:
